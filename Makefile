@@ -1,0 +1,53 @@
+# cowfs developer entry points. Non-interactive: safe for CI (no tty, no stdin).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config
+# Pinned CPU wheel; installed on its own first so nothing resolves a CUDA torch.
+TORCH := torch==2.13.0
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+NATIVE_SRC := $(wildcard native/*.c)
+
+.PHONY: setup apt-deps test demo bench clean
+
+setup: $(STAMP)
+
+# Runs every time (cheap dpkg check), but as an order-only prerequisite it
+# never makes the stamp out of date by itself.
+apt-deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt packages missing:$$missing"; \
+	  $(SUDO) apt-get update; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(APT_PACKAGES); \
+	fi
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# Re-running the editable install when native/*.c changes rebuilds the extension.
+$(STAMP): pyproject.toml setup.py $(NATIVE_SRC) | apt-deps $(VPY)
+	$(VPY) -m pip install --no-input $(TORCH)
+	$(VPY) -m pip install --no-input -e '.[test]'
+	touch $@
+
+test: setup
+	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(VPY) tools/demo.py
+
+bench: setup
+	@echo "make bench: placeholder until the benchmark issue (issue 6); no benchmark exists yet"
+
+clean:
+	rm -rf $(VENV) build *.egg-info cowfs/_native*.so .pytest_cache .hypothesis
+	find . -name .git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,67 @@
+"""Errors raised by the cowfs engine and CLI.
+
+Every error carries an errno so the FUSE layer can translate it 1:1 and the CLI
+can print a one-line message. Nothing here knows about FUSE.
+"""
+from __future__ import annotations
+
+import errno as _errno
+
+
+class CowfsError(Exception):
+    """Base class: a clear, one-line, user-facing error."""
+
+    errno: int = _errno.EIO
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        if errno is not None:
+            self.errno = errno
+
+
+class NotFound(CowfsError):
+    errno = _errno.ENOENT
+
+
+class Exists(CowfsError):
+    errno = _errno.EEXIST
+
+
+class NotEmpty(CowfsError):
+    errno = _errno.ENOTEMPTY
+
+
+class NotADirectory(CowfsError):
+    errno = _errno.ENOTDIR
+
+
+class IsADirectory(CowfsError):
+    errno = _errno.EISDIR
+
+
+class ReadOnly(CowfsError):
+    errno = _errno.EROFS
+
+
+class InvalidArgument(CowfsError):
+    errno = _errno.EINVAL
+
+
+class Busy(CowfsError):
+    errno = _errno.EBUSY
+
+
+class NoSpace(CowfsError):
+    errno = _errno.ENOSPC
+
+
+class StoreError(CowfsError):
+    """The store directory is missing, not a store, or of another format."""
+
+    errno = _errno.EINVAL
+
+
+class CorruptData(CowfsError):
+    """Stored bytes fail their checksum: the read fails rather than lie."""
+
+    errno = _errno.EIO

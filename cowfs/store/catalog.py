@@ -1,0 +1,189 @@
+"""The catalog connection: one read-write SQLite connection owned by one writer thread.
+
+Writes run as `Catalog.write(fn)`: fn(txn) executes on the writer thread inside
+BEGIN IMMEDIATE ... COMMIT, so a multi-step change is one transaction. Reads
+from any thread use that thread's own read-only connection (WAL readers never
+wait for the writer).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from ..errors import StoreError
+from .schema import LIVE, ROOT_INO, SCHEMA, SCHEMA_VERSION, KIND_DIR
+
+T = TypeVar("T")
+
+
+def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+    uri = f"file:{path}?mode={'ro' if readonly else 'rw'}"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA busy_timeout = 60000")
+    if not readonly:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = OFF")
+    return conn
+
+
+class Txn:
+    """One write transaction; allocates the next generation on first use."""
+
+    def __init__(self, conn: sqlite3.Connection, op: str) -> None:
+        self.conn = conn
+        self.op = op
+        self.now_ns = time.time_ns()
+        self._gen: int | None = None
+
+    @property
+    def gen(self) -> int:
+        if self._gen is None:
+            cur = self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0]
+            self._gen = int(cur) + 1
+        return self._gen
+
+    def execute(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, args)
+
+    def finish(self) -> None:
+        if self._gen is not None:
+            self.conn.execute("UPDATE meta SET value=? WHERE key='generation'", (self._gen,))
+            self.conn.execute(
+                "INSERT INTO generations(gen, time_ns, op) VALUES (?,?,?)", (self._gen, self.now_ns, self.op)
+            )
+
+
+def create_catalog(path: Path, store_uuid: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("BEGIN")
+        for stmt in SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        now = time.time_ns()
+        conn.executemany(
+            "INSERT INTO meta(key, value) VALUES (?,?)",
+            [("schema_version", SCHEMA_VERSION), ("store_uuid", store_uuid), ("generation", 1), ("next_segment", 1)],
+        )
+        conn.execute("INSERT INTO generations VALUES (1, ?, 'init')", (now,))
+        conn.execute("INSERT INTO inodes VALUES (?, ?, 1)", (ROOT_INO, KIND_DIR))
+        uid, gid = os.getuid(), os.getgid()
+        conn.execute(
+            "INSERT INTO versions(ino, birth_gen, death_gen, size, mode, uid, gid, mtime_ns, ctime_ns, data_gen)"
+            " VALUES (?, 1, ?, 0, ?, ?, ?, ?, ?, 1)",
+            (ROOT_INO, LIVE, 0o40755, uid, gid, now, now),
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+class Catalog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise StoreError(f"{path.parent}: catalog {path.name} is missing")
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        try:
+            self._conn = _connect(path, readonly=False)
+            version = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{path}: catalog is unreadable ({e})") from None
+        if version is None or int(version[0]) != SCHEMA_VERSION:
+            self._conn.close()
+            raise StoreError(f"{path}: catalog schema version {version and version[0]} is not supported")
+        self._thread = threading.Thread(target=self._run, name="cowfs-catalog", daemon=True)
+        self._thread.start()
+
+    # -- writer thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to the caller
+                fut.set_exception(e)
+        self._conn.close()
+
+    def _submit(self, fn: Callable[[], T]) -> T:
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        self._queue.put((fn, fut))
+        return fut.result()
+
+    def write(self, fn: Callable[[Txn], T], op: str) -> T:
+        """Run fn(txn) as one transaction on the writer thread; bump the generation if it changed anything."""
+
+        def run() -> T:
+            txn = Txn(self._conn, op)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(txn)
+                txn.finish()
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            return result
+
+        return self._submit(run)
+
+    def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run fn(conn) on the writer thread without opening a transaction."""
+        return self._submit(lambda: fn(self._conn))
+
+    # -- readers ------------------------------------------------------------
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's read-only connection."""
+        if threading.current_thread() is self._thread:
+            return self._conn
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path, readonly=True)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """fn(conn) inside one read transaction: a consistent view of one generation."""
+        conn = self.reader()
+        if conn.in_transaction:
+            return fn(conn)
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        with self._readers_lock:
+            for conn in self._readers:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._readers.clear()

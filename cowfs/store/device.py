@@ -1,0 +1,176 @@
+"""Segment files on a device: `file` (pwrite + fdatasync) and `pmem` (mmap + cache-line persist).
+
+A segment is one preallocated file. The log appends to it in large batches and
+calls `persist()` at each durability point. Everything before the last
+`persist()` survives a crash or power loss; nothing after it is promised.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+from typing import Protocol
+
+from .. import _native
+from ..errors import CowfsError, NoSpace
+
+
+def _raise_os(e: OSError, what: str) -> None:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise NoSpace(f"{what}: no space left on device") from None
+    raise CowfsError(f"{what}: {os.strerror(e.errno or errno.EIO)}", errno=e.errno or errno.EIO) from None
+
+
+class Segment(Protocol):
+    path: Path
+    size: int
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None: ...
+    def read(self, offset: int, length: int) -> bytes: ...
+    def persist(self) -> None: ...
+    def punch(self, offset: int, length: int) -> None: ...
+    def truncate(self, length: int) -> None: ...
+    def image(self) -> mmap.mmap | bytes: ...
+    def allocated_bytes(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class FileSegment:
+    """pwrite into the page cache, fdatasync to make it durable (NVMe, SSD, any disk)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    @classmethod
+    def create(cls, path: Path, size: int) -> "FileSegment":
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            _raise_os(e, f"create {path}")
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(path)
+            _raise_os(e, f"preallocate {path}")
+        return cls(path, fd)
+
+    @classmethod
+    def open(cls, path: Path, writable: bool = True) -> "FileSegment":
+        try:
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        except OSError as e:
+            _raise_os(e, f"open {path}")
+        return cls(path, fd)
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, offset)
+                view = view[n:]
+                offset += n
+        except OSError as e:
+            _raise_os(e, f"write {self.path}")
+
+    def read(self, offset: int, length: int) -> bytes:
+        try:
+            return os.pread(self.fd, length, offset)
+        except OSError as e:
+            _raise_os(e, f"read {self.path}")
+            raise
+
+    def persist(self) -> None:
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            _raise_os(e, f"fdatasync {self.path}")
+
+    def punch(self, offset: int, length: int) -> None:
+        _native.punch_hole(self.fd, offset, length)
+
+    def truncate(self, length: int) -> None:
+        os.ftruncate(self.fd, length)
+        os.fsync(self.fd)
+        self.size = length
+
+    def image(self) -> mmap.mmap | bytes:
+        if self.size == 0:
+            return b""
+        return mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+
+    def allocated_bytes(self) -> int:
+        return os.fstat(self.fd).st_blocks * 512
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class PmemSegment(FileSegment):
+    """The segment mapped into memory; stores are made durable by cache-line write-back.
+
+    On a DAX file (real persistent memory, MAP_SYNC works) `persist()` is clwb or
+    clflushopt per line plus sfence. Where the mapping goes through the page
+    cache (not DAX, as on this machine) it also calls msync for the dirty pages.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        super().__init__(path, fd)
+        self.dax = self.size > 0 and _native.map_sync_supported(fd, self.size)
+        self.map: mmap.mmap | None = mmap.mmap(fd, self.size) if self.size else None
+        self._dirty_lo = self.size
+        self._dirty_hi = 0
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        n = len(data)
+        if self.map is None or offset + n > self.size:
+            raise CowfsError(f"write past the end of {self.path}")
+        self.map[offset:offset + n] = data
+        self._dirty_lo = min(self._dirty_lo, offset)
+        self._dirty_hi = max(self._dirty_hi, offset + n)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self.map is None:
+            return b""
+        return self.map[offset:offset + length]
+
+    def persist(self) -> None:
+        if self.map is None or self._dirty_hi <= self._dirty_lo:
+            return
+        lo, hi = self._dirty_lo, self._dirty_hi
+        _native.persist(self.map, lo, hi - lo)
+        if not self.dax:
+            page = mmap.PAGESIZE
+            plo = lo // page * page
+            try:
+                self.map.flush(plo, hi - plo)
+            except OSError as e:
+                _raise_os(e, f"msync {self.path}")
+        self._dirty_lo, self._dirty_hi = self.size, 0
+
+    def truncate(self, length: int) -> None:
+        self.persist()
+        if self.map is not None:
+            self.map.close()
+        super().truncate(length)
+        self.map = mmap.mmap(self.fd, length) if length else None
+        self._dirty_lo, self._dirty_hi = length, 0
+
+    def image(self) -> mmap.mmap | bytes:
+        return self.map if self.map is not None else b""
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.persist()
+            self.map.close()
+            self.map = None
+        super().close()
+
+
+def segment_class(device: str) -> type[FileSegment]:
+    return PmemSegment if device == "pmem" else FileSegment

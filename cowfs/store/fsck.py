@@ -1,0 +1,261 @@
+"""fsck: check every record checksum, every reference, and the space accounting.
+
+Problems name the path, version and chunk they affect. `repair` fixes what it
+can without touching committed data that is intact: a chunk whose record is
+damaged is relocated to an intact copy found by scanning the log; a chunk with
+no intact copy is lost, and every version that needs it is dropped (a live file
+goes back to its newest intact version, or is removed if it has none).
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import blake3
+
+from ..errors import StoreError
+from . import namespace as ns
+from .catalog import Txn
+from .layout import segment_path
+from .records import DATA_START, RecordError, decode_segment_header, scan_records
+from .schema import LIVE, ROOT_INO
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass
+class Problem:
+    kind: str
+    message: str
+    paths: list[str] = field(default_factory=list)
+    vids: list[int] = field(default_factory=list)
+    chunk: str | None = None
+
+    def line(self) -> str:
+        where = []
+        if self.paths:
+            where.append("path " + ", ".join(self.paths))
+        if self.vids:
+            where.append("version " + ", ".join(map(str, self.vids)))
+        if self.chunk:
+            where.append("chunk " + self.chunk)
+        return f"{self.kind}: {self.message}" + (f" ({'; '.join(where)})" if where else "")
+
+
+@dataclass
+class FsckReport:
+    problems: list[Problem] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    chunks_checked: int = 0
+    bytes_checked: int = 0
+    segments_checked: int = 0
+    unreferenced_bytes: int = 0  # records no version uses: reclaimable by gc, not an error
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+def _affected(conn: sqlite3.Connection, cid: int) -> tuple[list[str], list[int]]:
+    rows = conn.execute(
+        "SELECT DISTINCT v.vid, v.ino FROM versions v JOIN extents e ON e.content_id = v.content_id WHERE e.cid=?", (cid,)
+    ).fetchall()
+    paths: set[str] = set()
+    for _vid, ino in rows:
+        paths.update(ns.paths_of(conn, ino))
+    return sorted(paths), sorted(v for v, _ in rows)
+
+
+def check(store: "Store", repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
+    t0 = time.monotonic()
+    report = FsckReport()
+    conn = store.catalog.reader()
+    integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if integrity != "ok":
+        report.problems.append(Problem("catalog", f"SQLite quick_check: {integrity}"))
+
+    bad_chunks: dict[int, str] = {}  # cid -> why
+    intact_copies: dict[bytes, tuple[int, int, int]] = {}  # hash -> (seg, offset, stored_len) of an intact record
+    segs = conn.execute("SELECT seg_id, committed_end FROM segments ORDER BY seg_id").fetchall()
+    total = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    done = 0
+    for seg_id, committed_end in segs:
+        rows = conn.execute(
+            "SELECT cid, hash, offset, stored_len FROM chunks WHERE seg_id=? ORDER BY offset", (seg_id,)
+        ).fetchall()
+        path = segment_path(store.root, seg_id)
+        if not path.exists():
+            for cid, *_ in rows:
+                bad_chunks[cid] = f"segment {seg_id} is missing"
+            if rows:
+                report.problems.append(Problem("segment", f"segment {seg_id} ({path.name}) is missing, {len(rows)} chunks lost"))
+            continue
+        report.segments_checked += 1
+        seg = store.log.segment(seg_id)
+        image = seg.image()
+        try:
+            try:
+                decode_segment_header(bytes(image[:64]))
+            except RecordError as e:
+                report.problems.append(Problem("segment", f"segment {seg_id}: {e}"))
+            records = {r.offset: r for r in scan_records(image, DATA_START)}
+            for r in records.values():
+                if r.header is not None and r.payload_ok:
+                    intact_copies.setdefault(r.header.chunk_id, (seg_id, r.offset, r.header.stored_len))
+            referenced = set()
+            prev_end = 0
+            for cid, h, off, n in rows:
+                h = bytes(h)
+                referenced.add(off)
+                rec = records.get(off)
+                why = None
+                if off < prev_end:
+                    why = "overlaps the previous record"
+                elif off + n > max(committed_end, 0) and seg_id != store.log.head_position()[0]:
+                    why = "lies beyond the segment's committed end"
+                if rec is None or rec.header is None:
+                    why = why or "no valid record header at its location"
+                elif rec.header.chunk_id != h or rec.header.stored_len != n:
+                    why = "record at its location holds another chunk"
+                elif not rec.payload_ok:
+                    why = "payload checksum mismatch"
+                else:
+                    payload = image[off + 64: off + 64 + n]
+                    if blake3.blake3(payload).digest() != h:
+                        why = "content hash mismatch"
+                    report.bytes_checked += n
+                if why:
+                    bad_chunks[cid] = f"segment {seg_id} offset {off}: {why}"
+                prev_end = off + 64 + n
+                report.chunks_checked += 1
+                done += 1
+                if progress is not None and done % 256 == 0:
+                    progress(done, total)
+            for r in records.values():
+                if r.offset not in referenced:
+                    report.unreferenced_bytes += r.length
+        finally:
+            if image is not getattr(seg, "map", None) and hasattr(image, "close"):
+                image.close()  # type: ignore[union-attr]
+    if progress is not None:
+        progress(total, total)
+
+    dangling = conn.execute(
+        "SELECT DISTINCT e.cid FROM extents e LEFT JOIN chunks c ON c.cid = e.cid WHERE e.cid IS NOT NULL AND c.cid IS NULL"
+    ).fetchall()
+    for (cid,) in dangling:
+        bad_chunks[cid] = "chunk row is missing from the catalog"
+
+    for cid, why in sorted(bad_chunks.items()):
+        paths, vids = _affected(conn, cid)
+        h = conn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
+        report.problems.append(Problem("chunk", why, paths, vids, bytes(h[0]).hex()[:16] if h else f"cid {cid}"))
+
+    _check_references(conn, report)
+
+    if repair and report.problems:
+        _repair(store, report, bad_chunks, intact_copies)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
+    def add(kind: str, q: str, msg: str) -> None:
+        for row in conn.execute(q).fetchall():
+            report.problems.append(Problem(kind, msg.format(*row)))
+
+    add("version", "SELECT v.vid, v.content_id FROM versions v LEFT JOIN contents c ON c.content_id=v.content_id"
+        " WHERE v.content_id IS NOT NULL AND c.content_id IS NULL", "version {0} refers to missing body {1}")
+    add("version", "SELECT v.vid, v.size, c.size FROM versions v JOIN contents c ON c.content_id=v.content_id"
+        " WHERE v.size != c.size", "version {0} size {1} differs from its body's size {2}")
+    add("body", "SELECT c.content_id, c.size, coalesce(sum(e.length),0) FROM contents c LEFT JOIN extents e"
+        " ON e.content_id=c.content_id GROUP BY c.content_id HAVING coalesce(sum(e.length),0) != c.size",
+        "body {0} size {1} differs from the sum of its extents {2}")
+    add("version", "SELECT v.vid, v.ino FROM versions v LEFT JOIN inodes i ON i.ino=v.ino WHERE i.ino IS NULL",
+        "version {0} belongs to missing inode {1}")
+    add("entry", f"SELECT d.parent, d.name, d.ino FROM dentries d WHERE d.death_gen={LIVE} AND NOT EXISTS"
+        f" (SELECT 1 FROM versions v WHERE v.ino=d.ino AND v.death_gen={LIVE})",
+        "live entry {1!r} in directory {0} names inode {2}, which has no live version")
+    add("entry", f"SELECT d.parent, d.name FROM dentries d WHERE d.death_gen={LIVE} AND NOT EXISTS"
+        f" (SELECT 1 FROM versions v WHERE v.ino=d.parent AND v.death_gen={LIVE} AND v.mode & 0xF000 = 0x4000)",
+        "live entry {1!r} is in {0}, which is not a live directory")
+    add("inode", f"SELECT v.ino, count(d.ino) FROM versions v LEFT JOIN dentries d ON d.ino=v.ino AND d.death_gen={LIVE}"
+        f" WHERE v.death_gen={LIVE} AND v.ino != {ROOT_INO} GROUP BY v.ino HAVING count(d.ino) != 1",
+        "live inode {0} has {1} live names (expected 1)")
+    add("inode", f"SELECT ino, count(*) FROM versions WHERE death_gen={LIVE} GROUP BY ino HAVING count(*) > 1",
+        "inode {0} has {1} live versions")
+    gen = ns.current_gen(conn)
+    add("snapshot", f"SELECT name, gen FROM snapshots WHERE gen > {gen}", "snapshot {0!r} pins future generation {1}")
+    if conn.execute(f"SELECT 1 FROM versions WHERE ino={ROOT_INO} AND death_gen={LIVE}").fetchone() is None:
+        report.problems.append(Problem("inode", "the root directory has no live version"))
+    for vid, extents_ok in conn.execute(
+        "SELECT v.vid, (SELECT count(*) FROM extents a JOIN extents b ON b.content_id=a.content_id"
+        " AND b.file_offset = a.file_offset + a.length WHERE a.content_id=v.content_id) + 1 ="
+        " (SELECT count(*) FROM extents e WHERE e.content_id=v.content_id)"
+        " FROM versions v WHERE v.content_id IS NOT NULL AND v.death_gen=" + str(LIVE)
+    ).fetchall():
+        if not extents_ok and conn.execute(
+            "SELECT count(*) FROM extents e JOIN versions v ON v.content_id=e.content_id WHERE v.vid=?", (vid,)
+        ).fetchone()[0]:
+            report.problems.append(Problem("version", f"version {vid} has extents that are not contiguous"))
+
+
+def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, tuple[int, int, int]]) -> None:
+    def fn(txn: Txn) -> list[str]:
+        done: list[str] = []
+        lost: list[int] = []
+        for cid in bad:
+            row = txn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
+            copy = copies.get(bytes(row[0])) if row else None
+            if copy is not None:
+                txn.execute("UPDATE chunks SET seg_id=?, offset=?, stored_len=?, raw_len=? WHERE cid=?", (*copy, copy[2], cid))
+                done.append(f"chunk {bytes(row[0]).hex()[:16]}: relocated to an intact copy in segment {copy[0]}")
+            else:
+                lost.append(cid)
+        for cid in lost:
+            vids = txn.execute(
+                "SELECT DISTINCT v.vid, v.ino, v.death_gen FROM versions v JOIN extents e ON e.content_id = v.content_id WHERE e.cid=?",
+                (cid,),
+            ).fetchall()
+            for vid, ino, death in vids:
+                paths = ns.paths_of(txn.conn, ino)
+                txn.execute("DELETE FROM versions WHERE vid=?", (vid,))
+                if death == LIVE:
+                    prev = txn.execute(
+                        f"SELECT {ns.VERSION_COLS} FROM versions WHERE ino=? ORDER BY birth_gen DESC LIMIT 1", (ino,)
+                    ).fetchone()
+                    if prev is not None:
+                        txn.execute(
+                            f"INSERT INTO versions({ns.VERSION_COLS}) SELECT NULL, ino, ?, ?, size, mode, uid, gid, mtime_ns,"
+                            " ?, content_id, target, data_gen FROM versions WHERE vid=?",
+                            (txn.gen, LIVE, txn.now_ns, prev[0]),
+                        )
+                        done.append(f"{', '.join(paths)}: damaged version {vid} dropped, reverted to version {prev[0]}")
+                    else:
+                        txn.execute(
+                            "UPDATE dentries SET death_gen=? WHERE ino=? AND death_gen=?", (txn.gen, ino, LIVE)
+                        )
+                        done.append(f"{', '.join(paths)}: damaged version {vid} dropped, no intact version left, file removed")
+                else:
+                    done.append(f"{', '.join(paths)}: damaged old version {vid} dropped")
+            txn.execute("DELETE FROM extents WHERE cid=?", (cid,))
+            txn.execute("DELETE FROM chunks WHERE cid=?", (cid,))
+        # bodies that lost extents are no longer whole: drop the versions still using them
+        broken = txn.execute(
+            "SELECT c.content_id FROM contents c LEFT JOIN extents e ON e.content_id=c.content_id"
+            " GROUP BY c.content_id HAVING coalesce(sum(e.length),0) != c.size"
+        ).fetchall()
+        for (content_id,) in broken:
+            txn.execute("DELETE FROM versions WHERE content_id=?", (content_id,))
+            txn.execute("DELETE FROM extents WHERE content_id=?", (content_id,))
+            txn.execute("DELETE FROM contents WHERE content_id=?", (content_id,))
+        return done
+
+    try:
+        report.repaired.extend(store.catalog.write(fn, op="repair"))
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"repair failed: {e}") from None

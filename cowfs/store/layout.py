@@ -1,0 +1,145 @@
+"""The store directory: its files, the format/config file, and `init`.
+
+STORE/
+  cowfs-store.json   format + config (see docs/format.md)
+  catalog.db         SQLite catalog (+ -wal, -shm)
+  segments/          append-only log segments, NNNNNNNNNNNNNNNN.seg
+  lock               flock()ed by the process that owns the store
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import StoreError
+
+FORMAT_NAME = "cowfs-store"
+FORMAT_VERSION = 1
+CONFIG_FILE = "cowfs-store.json"
+CATALOG_FILE = "catalog.db"
+SEGMENTS_DIR = "segments"
+LOCK_FILE = "lock"
+
+DEVICES = ("file", "pmem")
+DEFAULT_SEGMENT_SIZE = 256 << 20
+MIN_SEGMENT_SIZE = 4 << 20
+MAX_SEGMENT_SIZE = 1 << 40
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The contents of cowfs-store.json."""
+
+    store_uuid: str
+    device: str
+    segment_size: int
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT_NAME,
+                "format_version": self.format_version,
+                "store_uuid": self.store_uuid,
+                "device": self.device,
+                "segment_size": self.segment_size,
+            },
+            indent=2,
+        ) + "\n"
+
+
+def parse_size(text: str) -> int:
+    """Parse '256M', '1G', '4194304', '64KiB' into bytes."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    mult = 1
+    if t and t[-1] in units:
+        mult = units[t[-1]]
+        t = t[:-1]
+    try:
+        value = int(t)
+    except ValueError:
+        raise StoreError(f"not a size: {text!r} (use e.g. 256M, 1G)") from None
+    if value <= 0:
+        raise StoreError(f"size must be positive: {text!r}")
+    return value * mult
+
+
+def segment_path(root: Path, seg_id: int) -> Path:
+    return root / SEGMENTS_DIR / f"{seg_id:016d}.seg"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_new_store_dir(root: Path) -> None:
+    """Init only into a missing or empty directory; otherwise touch nothing."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root}: exists and is not a directory")
+    if (root / CONFIG_FILE).exists():
+        raise StoreError(f"{root}: already a cowfs store")
+    if root.is_dir() and any(root.iterdir()):
+        raise StoreError(f"{root}: directory is not empty")
+
+
+def new_config(device: str, segment_size: int) -> StoreConfig:
+    if device not in DEVICES:
+        raise StoreError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE or segment_size % 4096:
+        raise StoreError(
+            f"segment size must be a multiple of 4096 between {MIN_SEGMENT_SIZE >> 20} MiB and 1 TiB"
+        )
+    return StoreConfig(store_uuid=str(uuid.uuid4()), device=device, segment_size=segment_size)
+
+
+def write_config(root: Path, cfg: StoreConfig) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / SEGMENTS_DIR).mkdir(exist_ok=True)
+    tmp = root / (CONFIG_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(cfg.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, root / CONFIG_FILE)
+    fsync_dir(root)
+
+
+def read_config(root: Path) -> StoreConfig:
+    if not root.exists():
+        raise StoreError(f"{root}: no such directory")
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        raise StoreError(f"{root}: not a cowfs store (no {CONFIG_FILE})")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: unreadable store config ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise StoreError(f"{path}: not a cowfs store config")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise StoreError(
+            f"{root}: store format version {version} is not supported "
+            f"(this cowfs reads version {FORMAT_VERSION})"
+        )
+    try:
+        cfg = StoreConfig(
+            store_uuid=str(data["store_uuid"]),
+            device=str(data["device"]),
+            segment_size=int(data["segment_size"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise StoreError(f"{path}: store config is missing a field ({e})") from None
+    if cfg.device not in DEVICES:
+        raise StoreError(f"{path}: unknown device {cfg.device!r}")
+    if not (root / SEGMENTS_DIR).is_dir():
+        raise StoreError(f"{root}: store has no {SEGMENTS_DIR}/ directory")
+    return cfg

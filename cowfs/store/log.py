@@ -1,0 +1,193 @@
+"""The append-only log: a sequence of preallocated segments holding chunk records.
+
+One head segment takes appends; the others are read-only. Appends are batched
+into one write per segment; `sync()` is the durability point and returns how far
+each touched segment is durable, which the commit transaction records as the
+segment's committed end. On open, every segment is cut back to its committed
+end: whatever lay beyond it was never referenced by a committed version.
+"""
+from __future__ import annotations
+
+import blake3
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..errors import CorruptData
+from .device import FileSegment, segment_class
+from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
+from .records import (
+    DATA_START,
+    HEADER_SIZE,
+    RecordError,
+    check_payload,
+    decode_record_header,
+    encode_record,
+    encode_segment_header,
+    record_span,
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one chunk record lives."""
+
+    seg_id: int
+    offset: int
+    stored_len: int
+
+    @property
+    def span(self) -> int:
+        return record_span(self.stored_len)
+
+
+def round_up(n: int, align: int = 4096) -> int:
+    return (n + align - 1) // align * align
+
+
+class Log:
+    def __init__(
+        self,
+        root: Path,
+        config: StoreConfig,
+        new_segment_id: Callable[[], int],
+    ) -> None:
+        self.root = root
+        self.config = config
+        self._new_segment_id = new_segment_id
+        self._seg_cls = segment_class(config.device)
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # a sync returns only after every earlier append is durable
+        self._open: dict[int, FileSegment] = {}
+        self._head: FileSegment | None = None
+        self._head_id = 0
+        self._head_end = 0
+        self._unsynced: set[int] = set()
+        self._ends: dict[int, int] = {}
+
+    # -- segments ---------------------------------------------------------
+
+    def segment(self, seg_id: int) -> FileSegment:
+        seg = self._open.get(seg_id)
+        if seg is None:
+            with self._lock:
+                seg = self._open.get(seg_id)
+                if seg is None:
+                    path = segment_path(self.root, seg_id)
+                    if not path.exists():
+                        raise CorruptData(f"segment {seg_id} is missing ({path.name})")
+                    seg = self._seg_cls.open(path)
+                    self._open[seg_id] = seg
+        return seg
+
+    def forget_segment(self, seg_id: int) -> None:
+        with self._lock:
+            seg = self._open.pop(seg_id, None)
+            if seg is not None:
+                seg.close()
+
+    def _rotate(self, need: int) -> None:
+        """Start a new head segment big enough for `need` bytes of records."""
+        if self._head is not None:
+            self._ends[self._head_id] = self._head_end
+        size = max(self.config.segment_size, round_up(DATA_START + need))
+        seg_id = self._new_segment_id()
+        seg = self._seg_cls.create(segment_path(self.root, seg_id), size)
+        seg.write(0, encode_segment_header(seg_id, self.config.store_uuid, time.time_ns(), FORMAT_VERSION))
+        seg.persist()
+        fsync_dir(self.root / "segments")
+        self._open[seg_id] = seg
+        self._head, self._head_id, self._head_end = seg, seg_id, DATA_START
+
+    # -- append / read ----------------------------------------------------
+
+    def append(self, chunks: Iterable[tuple[bytes, bytes | memoryview]]) -> list[Location]:
+        """Append chunk records (id, raw bytes); one write per segment touched."""
+        items = list(chunks)
+        locs: list[Location] = []
+        with self._lock:
+            i = 0
+            while i < len(items):
+                if self._head is None or self._head_end + record_span(len(items[i][1])) > self._head.size:
+                    self._rotate(record_span(len(items[i][1])))
+                assert self._head is not None
+                start = self._head_end
+                parts: list[bytes] = []
+                pos = start
+                while i < len(items):
+                    cid, data = items[i]
+                    span = record_span(len(data))
+                    if pos + span > self._head.size:
+                        break
+                    parts.append(encode_record(cid, data, len(data)))
+                    locs.append(Location(self._head_id, pos, len(data)))
+                    pos += span
+                    i += 1
+                self._head.write(start, b"".join(parts))
+                self._head_end = pos
+                self._unsynced.add(self._head_id)
+        return locs
+
+    def read_chunk(self, loc: Location, chunk_id: bytes) -> bytes:
+        """Read and verify one chunk; damaged or missing bytes raise CorruptData."""
+        seg = self.segment(loc.seg_id)
+        buf = seg.read(loc.offset, HEADER_SIZE + loc.stored_len)
+        try:
+            head = decode_record_header(buf[:HEADER_SIZE])
+            if head.chunk_id != chunk_id or head.stored_len != loc.stored_len:
+                raise RecordError("record does not hold the expected chunk")
+            payload = buf[HEADER_SIZE:]
+            check_payload(head, payload)
+        except RecordError as e:
+            raise CorruptData(
+                f"chunk {chunk_id.hex()[:16]} at segment {loc.seg_id} offset {loc.offset}: {e}"
+            ) from None
+        if blake3.blake3(payload).digest() != chunk_id:
+            raise CorruptData(f"chunk {chunk_id.hex()[:16]}: content hash mismatch")
+        return payload
+
+    # -- durability -------------------------------------------------------
+
+    def sync(self) -> dict[int, int]:
+        """Make every appended record durable; return {segment: durable end}."""
+        with self._sync_lock:
+            with self._lock:
+                todo = [(sid, self._open[sid]) for sid in self._unsynced if sid in self._open]
+                ends = {sid: (self._head_end if sid == self._head_id else self._ends.get(sid, 0)) for sid, _ in todo}
+                self._unsynced.clear()
+            for _sid, seg in todo:
+                seg.persist()
+        return ends
+
+    def head_position(self) -> tuple[int, int]:
+        with self._lock:
+            return self._head_id, self._head_end
+
+    def close(self) -> dict[int, int]:
+        """Sync, cut the head's unused preallocation, close every segment."""
+        ends = self.sync()
+        with self._lock:
+            if self._head is not None:
+                self._head.truncate(round_up(self._head_end))
+            for seg in self._open.values():
+                seg.close()
+            self._open.clear()
+            self._head = None
+        return ends
+
+    @staticmethod
+    def recover_segment(path: Path, committed_end: int, device: str) -> int:
+        """Cut a segment back to its committed end; returns bytes released."""
+        keep = round_up(max(committed_end, DATA_START))
+        size = os.path.getsize(path)
+        if size <= keep:
+            return 0
+        seg = segment_class(device).open(path)
+        try:
+            seg.truncate(keep)
+        finally:
+            seg.close()
+        return size - keep

@@ -1,0 +1,309 @@
+"""Namespace queries and changes on the catalog, as of any generation.
+
+Readers take a connection and a generation; writers take a Txn and change the
+live tree (rows with death_gen = LIVE). Every change is one transaction.
+"""
+from __future__ import annotations
+
+import sqlite3
+import stat
+from dataclasses import dataclass
+
+from ..errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound
+from .catalog import Txn
+from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
+
+VERSION_COLS = "vid, ino, birth_gen, death_gen, size, mode, uid, gid, mtime_ns, ctime_ns, content_id, target, data_gen"
+NAME_MAX = 255
+
+
+@dataclass(frozen=True)
+class Attr:
+    """What stat() shows of one inode as of one generation."""
+
+    ino: int
+    mode: int
+    size: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+    vid: int
+    birth_gen: int
+    data_gen: int
+    content_id: int | None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat.S_ISLNK(self.mode)
+
+
+def current_gen(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+
+
+def check_name(name: bytes) -> None:
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise InvalidArgument(f"invalid name {name!r}")
+    if len(name) > NAME_MAX:
+        raise InvalidArgument(f"name too long ({len(name)} bytes)", errno=36)  # ENAMETOOLONG
+
+
+def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> tuple | None:
+    return conn.execute(
+        f"SELECT {VERSION_COLS} FROM versions WHERE ino=? AND birth_gen<=? AND death_gen>?", (ino, gen, gen)
+    ).fetchone()
+
+
+def _subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM dentries d JOIN inodes i ON i.ino = d.ino"
+        " WHERE d.parent=? AND d.birth_gen<=? AND d.death_gen>? AND i.kind=?",
+        (ino, gen, gen, KIND_DIR),
+    ).fetchone()[0]
+
+
+def attr_from_row(conn: sqlite3.Connection, row: tuple, gen: int) -> Attr:
+    vid, ino, birth, _death, size, mode, uid, gid, mtime, ctime, content_id, _target, data_gen = row
+    nlink = 2 + _subdirs(conn, ino, gen) if stat.S_ISDIR(mode) else 1
+    return Attr(ino, mode, size, uid, gid, mtime, ctime, nlink, vid, birth, data_gen, content_id)
+
+
+def getattr_(conn: sqlite3.Connection, ino: int, gen: int) -> Attr:
+    row = version_row(conn, ino, gen)
+    if row is None:
+        raise NotFound(f"inode {ino} does not exist")
+    return attr_from_row(conn, row, gen)
+
+
+def lookup(conn: sqlite3.Connection, parent: int, name: bytes, gen: int) -> Attr:
+    row = conn.execute(
+        "SELECT ino FROM dentries WHERE parent=? AND name=? AND birth_gen<=? AND death_gen>?",
+        (parent, name, gen, gen),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
+    return getattr_(conn, row[0], gen)
+
+
+def readdir(conn: sqlite3.Connection, ino: int, gen: int) -> list[tuple[bytes, Attr]]:
+    d = getattr_(conn, ino, gen)
+    if not d.is_dir:
+        raise NotADirectory(f"inode {ino} is not a directory")
+    rows = conn.execute(
+        "SELECT name, ino FROM dentries WHERE parent=? AND birth_gen<=? AND death_gen>? ORDER BY name",
+        (ino, gen, gen),
+    ).fetchall()
+    return [(bytes(name), getattr_(conn, child, gen)) for name, child in rows]
+
+
+def readlink(conn: sqlite3.Connection, ino: int, gen: int) -> bytes:
+    row = version_row(conn, ino, gen)
+    if row is None:
+        raise NotFound(f"inode {ino} does not exist")
+    if not stat.S_ISLNK(row[5]):
+        raise InvalidArgument("not a symbolic link")
+    return bytes(row[11])
+
+
+def resolve(conn: sqlite3.Connection, path: str | bytes, gen: int) -> Attr:
+    """Follow a '/'-separated path from the root (symlinks are not followed)."""
+    raw = path.encode() if isinstance(path, str) else path
+    attr = getattr_(conn, ROOT_INO, gen)
+    for part in raw.split(b"/"):
+        if not part or part == b".":
+            continue
+        if not attr.is_dir:
+            raise NotADirectory(f"{raw.decode(errors='replace')}: not a directory")
+        attr = lookup(conn, attr.ino, part, gen)
+    return attr
+
+
+def paths_of(conn: sqlite3.Connection, ino: int, gen: int | None = None) -> list[str]:
+    """Every path that named `ino` (as of `gen`, or at any time if None)."""
+    out: list[str] = []
+    if ino == ROOT_INO:
+        return ["/"]
+    q = "SELECT parent, name, birth_gen, death_gen FROM dentries WHERE ino=?"
+    for parent, name, birth, death in conn.execute(q, (ino,)).fetchall():
+        if gen is not None and not (birth <= gen < death):
+            continue
+        at = gen if gen is not None else birth
+        for head in paths_of(conn, parent, at) if parent != ROOT_INO else [""]:
+            out.append(f"{head.rstrip('/')}/{bytes(name).decode(errors='replace')}")
+    return sorted(set(out))
+
+
+# -- changes to the live tree -----------------------------------------------------
+
+
+def live_version(txn: Txn, ino: int) -> tuple:
+    row = txn.execute(f"SELECT {VERSION_COLS} FROM versions WHERE ino=? AND death_gen=?", (ino, LIVE)).fetchone()
+    if row is None:
+        raise NotFound(f"inode {ino} does not exist")
+    return row
+
+
+def new_version(txn: Txn, old: tuple, **changes: object) -> int:
+    """Replace the live version row `old` by a copy with `changes`; returns the new vid."""
+    cols = VERSION_COLS.split(", ")
+    values = dict(zip(cols, old))
+    values.update(changes)
+    if old[2] == txn.gen:  # born in this transaction: change it in place
+        sets = ", ".join(f"{k}=?" for k in changes)
+        txn.execute(f"UPDATE versions SET {sets} WHERE vid=?", (*changes.values(), old[0]))
+        return int(old[0])
+    txn.execute("UPDATE versions SET death_gen=? WHERE vid=?", (txn.gen, old[0]))
+    values.update(vid=None, birth_gen=txn.gen, death_gen=LIVE)
+    cur = txn.execute(
+        f"INSERT INTO versions({VERSION_COLS}) VALUES ({','.join('?' * len(cols))})", [values[c] for c in cols]
+    )
+    return int(cur.lastrowid)
+
+
+def kill_inode(txn: Txn, ino: int) -> None:
+    txn.execute("UPDATE versions SET death_gen=? WHERE ino=? AND death_gen=?", (txn.gen, ino, LIVE))
+
+
+def touch(txn: Txn, ino: int) -> None:
+    """A directory's entries changed: new mtime and ctime."""
+    new_version(txn, live_version(txn, ino), mtime_ns=txn.now_ns, ctime_ns=txn.now_ns)
+
+
+def live_child(txn: Txn, parent: int, name: bytes) -> int | None:
+    row = txn.execute("SELECT ino FROM dentries WHERE parent=? AND name=? AND death_gen=?", (parent, name, LIVE)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _live_dir(txn: Txn, ino: int) -> tuple:
+    row = live_version(txn, ino)
+    if not stat.S_ISDIR(row[5]):
+        raise NotADirectory(f"inode {ino} is not a directory")
+    return row
+
+
+def has_children(txn: Txn, ino: int) -> bool:
+    return txn.execute("SELECT 1 FROM dentries WHERE parent=? AND death_gen=? LIMIT 1", (ino, LIVE)).fetchone() is not None
+
+
+def make_node(txn: Txn, parent: int, name: bytes, kind: int, mode: int, uid: int, gid: int, target: bytes | None = None) -> int:
+    check_name(name)
+    _live_dir(txn, parent)
+    if live_child(txn, parent, name) is not None:
+        raise Exists(f"{name.decode(errors='replace')}: already exists")
+    ftype = {KIND_FILE: stat.S_IFREG, KIND_DIR: stat.S_IFDIR, KIND_SYMLINK: stat.S_IFLNK}[kind]
+    ino = int(txn.execute("INSERT INTO inodes(kind, birth_gen) VALUES (?, ?)", (kind, txn.gen)).lastrowid)
+    size = len(target) if target is not None else 0
+    txn.execute(
+        f"INSERT INTO versions({VERSION_COLS}) VALUES (NULL,?,?,?,?,?,?,?,?,?,NULL,?,?)",
+        (ino, txn.gen, LIVE, size, ftype | (mode & 0o7777), uid, gid, txn.now_ns, txn.now_ns, target, txn.gen),
+    )
+    txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (parent, name, ino, txn.gen, LIVE))
+    touch(txn, parent)
+    return ino
+
+
+def _end_dentry(txn: Txn, parent: int, name: bytes) -> None:
+    """End the live entry; one born in this same generation was never visible and is dropped."""
+    txn.execute("DELETE FROM dentries WHERE parent=? AND name=? AND birth_gen=? AND death_gen=?", (parent, name, txn.gen, LIVE))
+    txn.execute(
+        "UPDATE dentries SET death_gen=? WHERE parent=? AND name=? AND death_gen=?", (txn.gen, parent, name, LIVE)
+    )
+
+
+def _kill_entry(txn: Txn, parent: int, name: bytes, ino: int) -> None:
+    _end_dentry(txn, parent, name)
+    kill_inode(txn, ino)
+
+
+def unlink(txn: Txn, parent: int, name: bytes) -> int:
+    _live_dir(txn, parent)
+    ino = live_child(txn, parent, name)
+    if ino is None:
+        raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
+    if stat.S_ISDIR(live_version(txn, ino)[5]):
+        raise IsADirectory(f"{name.decode(errors='replace')}: is a directory")
+    _kill_entry(txn, parent, name, ino)
+    touch(txn, parent)
+    return ino
+
+
+def rmdir(txn: Txn, parent: int, name: bytes) -> int:
+    _live_dir(txn, parent)
+    ino = live_child(txn, parent, name)
+    if ino is None:
+        raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
+    if not stat.S_ISDIR(live_version(txn, ino)[5]):
+        raise NotADirectory(f"{name.decode(errors='replace')}: not a directory")
+    if has_children(txn, ino):
+        raise NotEmpty(f"{name.decode(errors='replace')}: directory not empty")
+    _kill_entry(txn, parent, name, ino)
+    touch(txn, parent)
+    return ino
+
+
+def _is_ancestor(txn: Txn, ancestor: int, ino: int) -> bool:
+    while ino != ROOT_INO:
+        if ino == ancestor:
+            return True
+        row = txn.execute("SELECT parent FROM dentries WHERE ino=? AND death_gen=?", (ino, LIVE)).fetchone()
+        if row is None:
+            return False
+        ino = int(row[0])
+    return ancestor == ROOT_INO
+
+
+def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
+    """Atomic rename; returns the inode it replaced, if any."""
+    check_name(new_name)
+    _live_dir(txn, parent)
+    _live_dir(txn, new_parent)
+    ino = live_child(txn, parent, name)
+    if ino is None:
+        raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
+    src_dir = stat.S_ISDIR(live_version(txn, ino)[5])
+    if src_dir and _is_ancestor(txn, ino, new_parent):
+        raise InvalidArgument("cannot move a directory into itself")
+    old = live_child(txn, new_parent, new_name)
+    if old == ino:
+        return None
+    if old is not None:
+        if noreplace:
+            raise Exists(f"{new_name.decode(errors='replace')}: already exists")
+        dst_dir = stat.S_ISDIR(live_version(txn, old)[5])
+        if src_dir and not dst_dir:
+            raise NotADirectory(f"{new_name.decode(errors='replace')}: not a directory")
+        if dst_dir and not src_dir:
+            raise IsADirectory(f"{new_name.decode(errors='replace')}: is a directory")
+        if dst_dir and has_children(txn, old):
+            raise NotEmpty(f"{new_name.decode(errors='replace')}: directory not empty")
+        _kill_entry(txn, new_parent, new_name, old)
+    _end_dentry(txn, parent, name)
+    txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))
+    touch(txn, parent)
+    if new_parent != parent:
+        touch(txn, new_parent)
+    return old
+
+
+def setattr_(txn: Txn, ino: int, mode: int | None, uid: int | None, gid: int | None, mtime_ns: int | None) -> None:
+    old = live_version(txn, ino)
+    changes: dict[str, object] = {"ctime_ns": txn.now_ns}
+    if mode is not None:
+        changes["mode"] = (old[5] & ~0o7777) | (mode & 0o7777)
+    if uid is not None:
+        changes["uid"] = uid
+    if gid is not None:
+        changes["gid"] = gid
+    if mtime_ns is not None:
+        changes["mtime_ns"] = mtime_ns
+    new_version(txn, old, **changes)

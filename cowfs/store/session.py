@@ -1,0 +1,348 @@
+"""Write sessions: writes at any offset become one new version at commit.
+
+Layers, topmost first, that make up the session's view of the file:
+  overlay   writes that were not sequential appends (spill file, see overlay.py)
+  stream    sequential appends from offset 0: chunked and appended to the log in
+            the background, batch by batch, while the caller keeps writing
+  base      the committed version the session started from, up to `base_end`
+  zeros     everything else below `size`
+Commit turns the view into whole chunks: intact chunks are referenced again,
+and only the bytes around changes are re-chunked (see `_materialize`).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ..errors import InvalidArgument
+from .chunking import MIN_CHUNK, StreamChunker, chunk_id
+from .content import ChunkCache, Extent, find_extent
+from .index import ChunkIndex
+from .log import Location, Log
+from .overlay import Overlay
+
+if TYPE_CHECKING:
+    from .store import Attr
+
+BATCH = 8 << 20  # bytes handed to a chunking worker at once
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of the session's view: from a chunk, the overlay, memory, or zeros."""
+
+    start: int
+    length: int
+    kind: str  # "chunk" | "overlay" | "memory" | "zero"
+    extent: Extent | None = None
+    src: int = 0  # offset inside the chunk, spill position, or offset inside `mem`
+    mem: bytes = b""
+
+    @property
+    def intact_chunk(self) -> bool:
+        return self.kind == "chunk" and self.src == 0 and self.extent is not None and self.length == self.extent.length
+
+
+class ChunkWriter:
+    """Hash, dedup and append chunks; remember where each lives for read-back and commit."""
+
+    def __init__(self, log: Log, index: ChunkIndex) -> None:
+        self._log = log
+        self._index = index
+        self.pins: list[bytes] = []
+        self.locations: dict[bytes, Location] = {}
+        self.new_bytes = 0
+
+    def store(self, chunks: list[bytes], offset: int) -> list[Extent]:
+        if not chunks:
+            return []
+        hashes = [chunk_id(c) for c in chunks]
+        known = self._index.pin(hashes)
+        self.pins.extend(hashes)
+        for h, loc in known.items():
+            self.locations.setdefault(h, loc)
+        todo: list[tuple[bytes, bytes]] = []
+        queued: set[bytes] = set()
+        for h, c in zip(hashes, chunks):
+            if h not in self.locations and h not in queued:
+                todo.append((h, c))
+                queued.add(h)
+        if todo:
+            # append and register under gc_lock: gc never sees a record that is written but not yet known
+            with self._index.gc_lock:
+                for (h, c), loc in zip(todo, self._log.append(todo)):
+                    self._index.add_location(h, loc)
+                    self.locations[h] = loc
+                    self.new_bytes += len(c)
+        out = []
+        for h, c in zip(hashes, chunks):
+            out.append(Extent(offset, len(c), h, self.locations[h]))
+            offset += len(c)
+        return out
+
+    def release(self) -> None:
+        self._index.unpin(self.pins)
+        self.pins = []
+        self.locations = {}
+        self.new_bytes = 0
+
+
+class WriteSession:
+    """One writer's pending version of one regular file. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self,
+        ino: int,
+        base: list[Extent],
+        size: int,
+        log: Log,
+        index: ChunkIndex,
+        executor: ThreadPoolExecutor,
+        spill_dir: Path,
+        read_chunk: Callable[[bytes, Location], bytes],
+        commit_fn: Callable[["WriteSession", list[Extent]], "tuple[Attr | None, list[Extent]]"],
+        on_close: Callable[["WriteSession"], None],
+    ) -> None:
+        self.ino = ino
+        self._log = log
+        self._index = index
+        self._executor = executor
+        self._spill_dir = spill_dir
+        self._commit_fn = commit_fn
+        self._on_close = on_close
+        self._cache = ChunkCache(read_chunk)
+        self._lock = threading.Lock()
+        self.closed = False
+        self._start(base, size)
+
+    def _start(self, base: list[Extent], size: int) -> None:
+        self.base = base
+        self._base_starts = [e.offset for e in base]
+        self.size = size
+        self.base_end = size
+        self.dirty = False
+        self.writer = ChunkWriter(self._log, self._index)
+        self.overlay = Overlay(self._spill_dir)
+        self.streaming = True
+        self.stream_pos = 0  # bytes written sequentially from offset 0
+        self.stream_end = 0  # once frozen: where the stream's chunks end
+        self.chunker = StreamChunker()
+        self.stream_extents: list[Extent] = []
+        self._stream_starts: list[int] = []
+        self.pending = bytearray()
+        self._job: Future | None = None
+
+    # -- the streaming fast path ----------------------------------------------
+
+    def _run_batch(self, data: bytes, final: bool) -> None:
+        chunks = self.chunker.feed(data, final=final)
+        start = self.chunker.offset - sum(len(c) for c in chunks)
+        exts = self.writer.store(chunks, start)
+        self.stream_extents.extend(exts)
+        self._stream_starts.extend(e.offset for e in exts)
+
+    def _wait(self) -> None:
+        if self._job is not None:
+            job, self._job = self._job, None
+            job.result()
+
+    def _submit_batch(self) -> None:
+        self._wait()
+        data = bytes(self.pending)
+        self.pending = bytearray()
+        self._job = self._executor.submit(self._run_batch, data, False)
+
+    def _freeze(self) -> None:
+        """Leave the fast path: unchunked stream bytes move to the overlay."""
+        self._wait()
+        start = self.chunker.offset
+        rest = self.chunker.carry + bytes(self.pending)
+        self.pending = bytearray()
+        self.chunker.reset(start)
+        self.streaming = False
+        self.stream_end = start
+        self.overlay.write(start, rest)
+
+    # -- the caller's operations ------------------------------------------------
+
+    def write(self, offset: int, data: bytes | memoryview) -> int:
+        if offset < 0:
+            raise InvalidArgument("negative offset")
+        n = len(data)
+        if n == 0:
+            return 0
+        with self._lock:
+            self.dirty = True
+            if self.streaming and offset == self.stream_pos and not self.overlay:
+                self.pending += data
+                self.stream_pos += n
+                if len(self.pending) >= BATCH:
+                    self._submit_batch()
+            else:
+                if self.streaming:
+                    self._freeze()
+                self.overlay.write(offset, data)
+            self.size = max(self.size, offset + n)
+        return n
+
+    def truncate(self, size: int) -> None:
+        if size < 0:
+            raise InvalidArgument("negative size")
+        with self._lock:
+            self.dirty = True
+            if size < self.size:
+                if self.streaming and size < self.stream_pos:
+                    self._freeze()
+                if not self.streaming:
+                    self.stream_end = min(self.stream_end, size)
+                self.base_end = min(self.base_end, size)
+                self.overlay.clip(size)
+            self.size = size
+
+    def read(self, offset: int, length: int) -> bytes:
+        with self._lock:
+            end = min(offset + length, self.size)
+            if offset >= end:
+                return b""
+            if self.streaming:
+                self._wait()
+            return b"".join(self._piece_bytes(p) for p in self._pieces(offset, end))
+
+    # -- the layered view -----------------------------------------------------------
+
+    def _stream_layer_end(self) -> int:
+        return self.stream_pos if self.streaming else self.stream_end
+
+    def _extent_pieces(self, exts: list[Extent], starts: list[int], a: int, b: int) -> Iterator[Piece]:
+        if a >= b or not exts:
+            return
+        i = find_extent(exts, starts, a)
+        pos = a
+        while pos < b and i < len(exts):
+            e = exts[i]
+            lo, hi = max(pos, e.offset), min(b, e.end)
+            if lo < hi:
+                if e.chunk is None:
+                    yield Piece(lo, hi - lo, "zero")
+                else:
+                    yield Piece(lo, hi - lo, "chunk", e, lo - e.offset)
+                pos = hi
+            i += 1
+        if pos < b:
+            yield Piece(pos, b - pos, "zero")
+
+    def _lower(self, a: int, b: int) -> Iterator[Piece]:
+        s_end = self._stream_layer_end()
+        if a < s_end:
+            chunks_end = self.chunker.offset if self.streaming else s_end
+            yield from self._extent_pieces(self.stream_extents, self._stream_starts, a, min(b, chunks_end))
+            if self.streaming and b > chunks_end:
+                mem = self.chunker.carry + bytes(self.pending)
+                lo, hi = max(a, chunks_end), min(b, s_end)
+                if lo < hi:
+                    yield Piece(lo, hi - lo, "memory", src=lo - chunks_end, mem=mem)
+            a = max(a, s_end)
+        if a < b and a < self.base_end:
+            hi = min(b, self.base_end)
+            yield from self._extent_pieces(self.base, self._base_starts, a, hi)
+            a = hi
+        if a < b:
+            yield Piece(a, b - a, "zero")
+
+    def _pieces(self, a: int, b: int) -> Iterator[Piece]:
+        pos = a
+        for s, e, spill in self.overlay.ranges(a, b):
+            if s > pos:
+                yield from self._lower(pos, s)
+            yield Piece(s, e - s, "overlay", src=spill)
+            pos = e
+        if pos < b:
+            yield from self._lower(pos, b)
+
+    def _piece_bytes(self, p: Piece) -> bytes:
+        if p.kind == "zero":
+            return bytes(p.length)
+        if p.kind == "memory":
+            return p.mem[p.src:p.src + p.length]
+        if p.kind == "overlay":
+            return self.overlay.read(p.src, p.length)
+        assert p.extent is not None and p.extent.chunk is not None and p.extent.loc is not None
+        data = self._cache.get(p.extent.chunk, p.extent.loc)
+        return data[p.src:p.src + p.length]
+
+    # -- commit --------------------------------------------------------------------
+
+    def _materialize(self) -> list[Extent]:
+        """The final chunk list. Intact chunks are referenced as they are; changed
+        regions are re-chunked until the chunker lands on an intact chunk again."""
+        self._wait()
+        if self.streaming and not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
+            self._run_batch(bytes(self.pending), final=True)
+            self.pending = bytearray()
+            return list(self.stream_extents)
+        out: list[Extent] = []
+        chunker = StreamChunker()
+        for p in self._pieces(0, self.size):
+            if p.intact_chunk and chunker.carried == 0:
+                assert p.extent is not None
+                out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))
+                chunker.reset(p.start + p.length)
+                continue
+            if p.kind == "zero" and chunker.carried == 0 and p.length >= MIN_CHUNK:
+                out.append(Extent(p.start, p.length, None, None))
+                chunker.reset(p.start + p.length)
+                continue
+            for off in range(0, p.length, BATCH):
+                n = min(BATCH, p.length - off)
+                sub = Piece(p.start + off, n, p.kind, p.extent, p.src + off, p.mem)
+                chunks = chunker.feed(self._piece_bytes(sub))
+                out.extend(self.writer.store(chunks, chunker.offset - sum(len(c) for c in chunks)))
+            if p.intact_chunk and chunker.offset == p.start:
+                assert p.extent is not None
+                out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))
+                chunker.reset(p.start + p.length)
+        tail = chunker.feed(b"", final=True)
+        out.extend(self.writer.store(tail, chunker.offset - sum(len(c) for c in tail)))
+        return out
+
+    def commit(self) -> "Attr | None":
+        """Make the session's view the file's new version (durable when this returns).
+
+        Returns the new attributes, or None when the file no longer exists
+        (unlinked while open): then nothing is stored. The session stays open
+        and continues from the new version.
+        """
+        with self._lock:
+            if not self.dirty:
+                return None
+            extents = self._materialize()
+            size = self.size
+            assert sum(e.length for e in extents) == size, "materialized length mismatch"
+            try:
+                attr, stored = self._commit_fn(self, extents)
+            finally:
+                self.overlay.close()
+                self.writer.release()
+            self._start(stored, size)
+            return attr
+
+    def abort(self) -> None:
+        """Drop every uncommitted change."""
+        with self._lock:
+            try:
+                self._wait()
+            except Exception:
+                pass
+            self.overlay.close()
+            self.writer.release()
+            self.pending = bytearray()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.abort()
+        self.closed = True
+        self._on_close(self)

@@ -1,0 +1,565 @@
+"""The Store: the one door to the engine for the FUSE layer and the CLI.
+
+Opening a store takes its lock, runs recovery (segments cut back to what was
+committed, stray files removed) and starts the catalog writer thread and the
+chunking workers. Every public method is safe to call from any thread.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from ..errors import Busy, InvalidArgument, IsADirectory, NotFound, StoreError
+from . import namespace as ns
+from .catalog import Catalog, Txn, create_catalog
+from .content import Extent, FileReader, load_extents
+from .index import ChunkIndex
+from .layout import (
+    CATALOG_FILE,
+    DEFAULT_SEGMENT_SIZE,
+    LOCK_FILE,
+    SEGMENTS_DIR,
+    StoreConfig,
+    check_new_store_dir,
+    new_config,
+    read_config,
+    segment_path,
+    write_config,
+)
+from .log import Location, Log
+from .namespace import Attr
+from .records import DATA_START
+from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
+from .session import WriteSession
+
+T = TypeVar("T")
+SPILL_DIR = "tmp"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    name: str
+    gen: int
+    created_ns: int
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    vid: int
+    birth_gen: int
+    death_gen: int | None  # None while current
+    time_ns: int
+    size: int
+    mode: int
+    added_bytes: int  # bytes of chunks this version's commit stored for the first time
+
+
+def validate_snapshot_name(name: str) -> None:
+    if not name or "/" in name or "\0" in name or name[0] in "@." or len(name.encode()) > 255:
+        raise InvalidArgument(f"invalid snapshot name {name!r} (no '/', must not start with '@' or '.')")
+
+
+class Store:
+    def __init__(self, root: Path, config: StoreConfig, lock_fd: int) -> None:
+        self.root = root
+        self.config = config
+        self._lock_fd = lock_fd
+        self.catalog = Catalog(root / CATALOG_FILE)
+        self.recovered_bytes = self._recover()
+        self.log = Log(root, config, self._new_segment_id)
+        self.index = ChunkIndex(self.catalog)
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
+        self._sessions: dict[int, WriteSession] = {}
+        self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
+        self._session_holds: dict[int, Callable[[], None]] = {}
+        self._mutex = threading.RLock()
+        self.closed = False
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @staticmethod
+    def init(path: str | os.PathLike, device: str = "file", segment_size: int = DEFAULT_SEGMENT_SIZE) -> StoreConfig:
+        root = Path(path)
+        check_new_store_dir(root)
+        cfg = new_config(device, segment_size)
+        root.mkdir(parents=True, exist_ok=True)
+        create_catalog(root / CATALOG_FILE, cfg.store_uuid)
+        write_config(root, cfg)  # last: a store exists once its config does
+        return cfg
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Store":
+        root = Path(path).absolute()
+        config = read_config(root)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise Busy(f"{root}: store is in use by another process{f' (pid {holder})' if holder else ''}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            return cls(root, config, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for session in list(self._sessions.values()):
+            session.close()
+        self.executor.shutdown(wait=True)
+        self.log.close()
+        self.catalog.close()
+        os.ftruncate(self._lock_fd, 0)
+        os.close(self._lock_fd)
+        self.closed = True
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _recover(self) -> int:
+        """Cut every segment back to its committed end; drop files no commit refers to."""
+        released = 0
+        seg_dir = self.root / SEGMENTS_DIR
+        rows = dict(self.catalog.read(lambda c: c.execute("SELECT seg_id, committed_end FROM segments").fetchall()))
+        drop: list[int] = []
+        for seg_id, end in rows.items():
+            path = segment_path(self.root, seg_id)
+            if end <= DATA_START:
+                if path.exists():
+                    released += path.stat().st_blocks * 512
+                    path.unlink()
+                drop.append(seg_id)
+            elif path.exists():
+                released += Log.recover_segment(path, end, self.config.device)
+        for path in seg_dir.glob("*.seg"):
+            try:
+                seg_id = int(path.stem)
+            except ValueError:
+                continue
+            if seg_id not in rows:
+                released += path.stat().st_blocks * 512
+                path.unlink()
+        if drop:
+            self.catalog.write(
+                lambda t: t.conn.executemany("DELETE FROM segments WHERE seg_id=?", [(s,) for s in drop]), op="recover"
+            )
+        shutil.rmtree(self.root / SPILL_DIR, ignore_errors=True)
+        return released
+
+    def _new_segment_id(self) -> int:
+        def fn(txn: Txn) -> int:
+            seg_id = int(txn.execute("SELECT value FROM meta WHERE key='next_segment'").fetchone()[0])
+            txn.execute("UPDATE meta SET value=? WHERE key='next_segment'", (seg_id + 1,))
+            txn.execute("INSERT INTO segments VALUES (?, 0, ?)", (seg_id, txn.now_ns))
+            return seg_id
+
+        return self.catalog.write(fn, op="segment")
+
+    # -- reads of the tree -------------------------------------------------------------
+
+    def _read(self, fn: Callable[..., T], gen: int | None) -> T:
+        def run(conn):  # type: ignore[no-untyped-def]
+            return fn(conn, ns.current_gen(conn) if gen is None else gen)
+
+        return self.catalog.read(run)
+
+    @property
+    def generation(self) -> int:
+        return self.catalog.read(ns.current_gen)
+
+    def getattr(self, ino: int, gen: int | None = None) -> Attr:
+        return self._read(lambda c, g: ns.getattr_(c, ino, g), gen)
+
+    def lookup(self, parent: int, name: bytes, gen: int | None = None) -> Attr:
+        return self._read(lambda c, g: ns.lookup(c, parent, name, g), gen)
+
+    def readdir(self, ino: int, gen: int | None = None) -> list[tuple[bytes, Attr]]:
+        return self._read(lambda c, g: ns.readdir(c, ino, g), gen)
+
+    def readlink(self, ino: int, gen: int | None = None) -> bytes:
+        return self._read(lambda c, g: ns.readlink(c, ino, g), gen)
+
+    def resolve(self, path: str | bytes, gen: int | None = None) -> Attr:
+        return self._read(lambda c, g: ns.resolve(c, path, g), gen)
+
+    def paths_of(self, ino: int, gen: int | None = None) -> list[str]:
+        return self.catalog.read(lambda c: ns.paths_of(c, ino, gen))
+
+    # -- changes to the tree -----------------------------------------------------------
+
+    def _change(self, op: str, fn: Callable[[Txn], T]) -> T:
+        return self.catalog.write(fn, op=op)
+
+    def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
+        return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
+
+    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None, target: bytes | None = None) -> Attr:
+        u, g = self._ids(uid, gid)
+
+        def fn(txn: Txn) -> Attr:
+            ino = ns.make_node(txn, parent, name, kind, mode, u, g, target)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        return self._change(op, fn)
+
+    def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None) -> Attr:
+        return self._make("create", parent, name, KIND_FILE, mode, uid, gid)
+
+    def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> Attr:
+        return self._make("mkdir", parent, name, KIND_DIR, mode, uid, gid)
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int | None = None, gid: int | None = None) -> Attr:
+        if not target or b"\0" in target:
+            raise InvalidArgument("invalid symlink target")
+        return self._make("symlink", parent, name, KIND_SYMLINK, 0o777, uid, gid, target)
+
+    def unlink(self, parent: int, name: bytes) -> int:
+        return self._change("unlink", lambda t: ns.unlink(t, parent, name))
+
+    def rmdir(self, parent: int, name: bytes) -> int:
+        return self._change("rmdir", lambda t: ns.rmdir(t, parent, name))
+
+    def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
+        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace))
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+        size: int | None = None,
+    ) -> Attr:
+        """chmod/chown/utimens, and truncate when `size` is given (a new version)."""
+        if size is not None:
+            attr = self.getattr(ino)
+            if attr.is_dir:
+                raise IsADirectory("cannot truncate a directory")
+            if not attr.is_file:
+                raise InvalidArgument("can only truncate regular files")
+            session = self._sessions.get(ino)
+            if session is not None:
+                session.truncate(size)
+            elif size != attr.size:
+                with self.open_session(ino) as s:
+                    s.truncate(size)
+                    s.commit()
+        if mode is None and uid is None and gid is None and mtime_ns is None and size is None:
+            return self.getattr(ino)
+
+        def fn(txn: Txn) -> Attr:
+            ns.setattr_(txn, ino, mode, uid, gid, mtime_ns)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        attr = self._change("setattr", fn)
+        session = self._sessions.get(ino)
+        if session is not None and session.size != attr.size:
+            attr = _with_size(attr, session.size)
+        return attr
+
+    # -- file data ------------------------------------------------------------------------
+
+    def read_chunk(self, chunk: bytes, loc: Location) -> bytes:
+        return self.log.read_chunk(loc, chunk)
+
+    def open_reader(self, ino: int, gen: int | None = None) -> FileReader:
+        """A reader of the version current at `gen`; it stays readable while open, even if deleted."""
+
+        def fn(conn, g):  # type: ignore[no-untyped-def]
+            attr = ns.getattr_(conn, ino, g)
+            if attr.is_dir:
+                raise IsADirectory(f"inode {ino} is a directory")
+            return attr, load_extents(conn, attr.content_id)
+
+        attr, extents = self._read(fn, gen)
+        release = self._hold_content(attr.content_id)
+        return FileReader(extents, attr.size, self.read_chunk, release)
+
+    def _hold_content(self, cid: int | None) -> Callable[[], None]:
+        """Keep a body alive against gc while a reader or session uses it."""
+        if cid is not None:
+            with self._mutex:
+                self._readers[cid] += 1
+
+        def release() -> None:
+            if cid is not None:
+                with self._mutex:
+                    self._readers[cid] -= 1
+                    if self._readers[cid] <= 0:
+                        del self._readers[cid]
+
+        return release
+
+    def open_session(self, ino: int) -> "SessionHandle":
+        """Start a write session on a regular file (one per file at a time)."""
+        with self._mutex:
+            if ino in self._sessions:
+                raise Busy(f"inode {ino} already has a write session")
+
+            def fn(conn, g):  # type: ignore[no-untyped-def]
+                attr = ns.getattr_(conn, ino, g)
+                if not attr.is_file:
+                    raise IsADirectory(f"inode {ino} is not a regular file")
+                return attr, load_extents(conn, attr.content_id)
+
+            attr, extents = self._read(fn, None)
+            self._session_holds[ino] = self._hold_content(attr.content_id)
+            session = WriteSession(
+                ino,
+                extents,
+                attr.size,
+                self.log,
+                self.index,
+                self.executor,
+                self.root / SPILL_DIR,
+                self.read_chunk,
+                self._commit_version,
+                self._session_closed,
+            )
+            self._sessions[ino] = session
+        return SessionHandle(session)
+
+    def session_of(self, ino: int) -> WriteSession | None:
+        return self._sessions.get(ino)
+
+    def _session_closed(self, session: WriteSession) -> None:
+        release = None
+        with self._mutex:
+            if self._sessions.get(session.ino) is session:
+                del self._sessions[session.ino]
+                release = self._session_holds.pop(session.ino, None)
+        if release is not None:
+            release()
+
+    def _commit_version(self, session: WriteSession, extents: list[Extent]) -> tuple[Attr | None, list[Extent]]:
+        """Durability point: data records first (sync), then one catalog transaction."""
+        self.log.sync()
+        size = session.size
+
+        def fn(txn: Txn) -> tuple[Attr | None, list[Extent]]:
+            row = txn.execute(f"SELECT {ns.VERSION_COLS} FROM versions WHERE ino=? AND death_gen=?", (session.ino, LIVE)).fetchone()
+            if row is None:
+                return None, extents
+            locs: dict[bytes, Location] = {}
+            for e in extents:
+                if e.chunk is not None and e.loc is not None:
+                    locs.setdefault(e.chunk, e.loc)
+            txn.conn.executemany(
+                "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, first_gen) VALUES (?,?,?,?,?,?)",
+                [(h, l.seg_id, l.offset, l.stored_len, l.stored_len, txn.gen) for h, l in locs.items()],
+            )
+            cids: dict[bytes, tuple[int, Location]] = {}
+            hashes = list(locs)
+            for i in range(0, len(hashes), 500):
+                part = hashes[i:i + 500]
+                q = "SELECT hash, cid, seg_id, offset, stored_len FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
+                for h, cid, seg, off, n in txn.execute(q, part):
+                    cids[bytes(h)] = (cid, Location(seg, off, n))
+            content_id = int(txn.execute("INSERT INTO contents(size) VALUES (?)", (size,)).lastrowid)
+            stored: list[Extent] = []
+            rows = []
+            for e in extents:
+                if e.chunk is None:
+                    rows.append((content_id, e.offset, e.length, None))
+                    stored.append(e)
+                else:
+                    cid, loc = cids[e.chunk]
+                    rows.append((content_id, e.offset, e.length, cid))
+                    stored.append(Extent(e.offset, e.length, e.chunk, loc))
+            txn.conn.executemany("INSERT INTO extents VALUES (?,?,?,?)", rows)
+            ends: dict[int, int] = {}
+            for _cid, loc in cids.values():
+                ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
+            txn.conn.executemany(
+                "UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", [(v, k) for k, v in ends.items()]
+            )
+            vid = ns.new_version(txn, row, size=size, mtime_ns=txn.now_ns, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
+            del vid
+            return ns.getattr_(txn.conn, session.ino, txn.gen), stored
+
+        return self._change("commit", fn)
+
+    # -- conveniences for the CLI and tests --------------------------------------------------
+
+    def read_file(self, path: str | bytes, gen: int | None = None) -> bytes:
+        attr = self.resolve(path, gen)
+        with self.open_reader(attr.ino, gen) as r:
+            return r.read(0, r.size)
+
+    def write_file(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Attr:
+        raw = path.encode() if isinstance(path, str) else path
+        head, _, name = raw.strip(b"/").rpartition(b"/")
+        parent = self.resolve(head)
+        try:
+            attr = self.lookup(parent.ino, name)
+        except NotFound:
+            attr = self.create(parent.ino, name, mode)
+        with self.open_session(attr.ino) as s:
+            s.truncate(0)
+            s.write(0, data)
+            result = s.commit()
+        return result if result is not None else self.getattr(attr.ino)
+
+    # -- snapshots and history --------------------------------------------------------------
+
+    def snapshot_create(self, name: str) -> Snapshot:
+        validate_snapshot_name(name)
+
+        def fn(txn: Txn) -> Snapshot:
+            if txn.execute("SELECT 1 FROM snapshots WHERE name=?", (name,)).fetchone():
+                raise ns.Exists(f"snapshot {name!r} already exists")
+            txn.execute("INSERT INTO snapshots VALUES (?,?,?)", (name, txn.gen, txn.now_ns))
+            return Snapshot(name, txn.gen, txn.now_ns)
+
+        return self._change("snapshot", fn)
+
+    def snapshot_list(self) -> list[Snapshot]:
+        rows = self.catalog.read(lambda c: c.execute("SELECT name, gen, created_ns FROM snapshots ORDER BY gen, name").fetchall())
+        return [Snapshot(*r) for r in rows]
+
+    def snapshot(self, name: str) -> Snapshot:
+        row = self.catalog.read(lambda c: c.execute("SELECT name, gen, created_ns FROM snapshots WHERE name=?", (name,)).fetchone())
+        if row is None:
+            raise NotFound(f"no snapshot named {name!r}")
+        return Snapshot(*row)
+
+    def snapshot_delete(self, name: str) -> None:
+        def fn(txn: Txn) -> None:
+            if txn.execute("DELETE FROM snapshots WHERE name=?", (name,)).rowcount == 0:
+                raise NotFound(f"no snapshot named {name!r}")
+
+        self._change("snapshot-delete", fn)
+
+    def history(self, ino: int) -> list[VersionInfo]:
+        def fn(conn):  # type: ignore[no-untyped-def]
+            rows = conn.execute(
+                "SELECT v.vid, v.birth_gen, v.death_gen, g.time_ns, v.size, v.mode, v.content_id, v.data_gen"
+                " FROM versions v LEFT JOIN generations g ON g.gen = v.birth_gen"
+                " WHERE v.ino=? ORDER BY v.birth_gen DESC",
+                (ino,),
+            ).fetchall()
+            out = []
+            for vid, birth, death, t, size, mode, content_id, data_gen in rows:
+                added = 0
+                if content_id is not None and data_gen == birth:
+                    added = conn.execute(
+                        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN"
+                        " (SELECT cid FROM extents WHERE content_id=?)",
+                        (data_gen, content_id),
+                    ).fetchone()[0]
+                out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, added))
+            return out
+
+        return self.catalog.read(fn)
+
+    def expire_history(self, keep_within_ns: int = 0) -> int:
+        """Drop versions and entries that the live tree replaced or removed, that no snapshot
+        shows, and that ended more than `keep_within_ns` ago. gc then reclaims their chunks."""
+        cutoff = time.time_ns() - keep_within_ns
+
+        def fn(txn: Txn) -> int:
+            hidden = (
+                "death_gen != {live} AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.gen >= {t}.birth_gen AND s.gen < {t}.death_gen)"
+                " AND (SELECT time_ns FROM generations g WHERE g.gen = {t}.death_gen) <= ?"
+            )
+            n = txn.execute(f"DELETE FROM versions WHERE {hidden.format(live=LIVE, t='versions')}", (cutoff,)).rowcount
+            n += txn.execute(f"DELETE FROM dentries WHERE {hidden.format(live=LIVE, t='dentries')}", (cutoff,)).rowcount
+            txn.execute(
+                "DELETE FROM inodes WHERE ino != ? AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.ino = inodes.ino)"
+                " AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = inodes.ino)",
+                (ROOT_INO,),
+            )
+            return n
+
+        return self._change("expire", fn)
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def physical_bytes(self) -> int:
+        total = 0
+        for path in (self.root / SEGMENTS_DIR).glob("*.seg"):
+            try:
+                total += path.stat().st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
+    def stats(self) -> dict[str, float | int]:
+        def fn(conn):  # type: ignore[no-untyped-def]
+            logical, versions = conn.execute(
+                "SELECT coalesce(sum(size), 0), count(*) FROM versions WHERE content_id IS NOT NULL OR mode & 0xF000 = 0x8000"
+            ).fetchone()
+            stored, chunks = conn.execute("SELECT coalesce(sum(raw_len), 0), count(*) FROM chunks").fetchone()
+            files = conn.execute(
+                "SELECT count(*) FROM versions WHERE death_gen=? AND mode & 0xF000 = 0x8000", (LIVE,)
+            ).fetchone()[0]
+            snaps = conn.execute("SELECT count(*) FROM snapshots").fetchone()[0]
+            return logical, versions, stored, chunks, files, snaps, ns.current_gen(conn)
+
+        logical, versions, stored, chunks, files, snaps, gen = self.catalog.read(fn)
+        return {
+            "logical_bytes": logical,
+            "stored_bytes": stored,
+            "physical_bytes": self.physical_bytes(),
+            "files": files,
+            "versions": versions,
+            "chunks": chunks,
+            "snapshots": snaps,
+            "generations": gen,
+            "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
+        }
+
+    def gc(self) -> "GcReport":
+        from .gc import collect
+
+        return collect(self)
+
+    def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> "FsckReport":
+        from .fsck import check
+
+        return check(self, repair=repair, progress=progress)
+
+
+def _with_size(attr: Attr, size: int) -> Attr:
+    from dataclasses import replace
+
+    return replace(attr, size=size)
+
+
+class SessionHandle:
+    """A WriteSession usable as a context manager (closing aborts what was not committed)."""
+
+    def __init__(self, session: WriteSession) -> None:
+        self.session = session
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.session, name)
+
+    def __enter__(self) -> WriteSession:
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()
+
+
+from .fsck import FsckReport  # noqa: E402
+from .gc import GcReport  # noqa: E402

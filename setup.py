@@ -1,0 +1,12 @@
+# Only the C extension lives here; all other metadata is in pyproject.toml.
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "cowfs._native",
+            ["native/cowfs_native.c"],
+            extra_compile_args=["-O2", "-Wall"],
+        )
+    ],
+)

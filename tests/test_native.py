@@ -1,0 +1,144 @@
+"""Tests of the cowfs._native C extension."""
+
+import errno
+import mmap
+import os
+import platform
+
+import pytest
+
+from cowfs import _native
+
+MiB = 1 << 20
+IS_X86_64 = platform.machine() in ("x86_64", "AMD64")
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def test_cpu_flush_instruction():
+    insn = _native.cpu_flush_instruction()
+    if not IS_X86_64:
+        assert insn == "none"
+        return
+    assert insn in ("clwb", "clflushopt", "clflush")
+    flags = _cpu_flags()
+    if flags is not None:  # cpuid and the kernel's view must agree
+        expected = ("clwb" if "clwb" in flags
+                    else "clflushopt" if "clflushopt" in flags
+                    else "clflush")
+        assert insn == expected
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    path = tmp_path / "data"
+    size = 3 * mmap.PAGESIZE + 123
+    path.write_bytes(b"\0" * size)
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, size)
+    yield fd, m
+    m.close()
+    os.close(fd)
+
+
+def test_persist_mmap(mapped):
+    fd, m = mapped
+    payload = os.urandom(len(m))
+    m[:] = payload
+    _native.persist(m, 0, len(m))
+    _native.persist(m, 7, 5000)          # unaligned start and end
+    _native.persist(m, len(m) - 1, 1)    # last byte
+    _native.persist(m, len(m), 0)        # empty range at the end
+    assert os.pread(fd, len(m), 0) == payload
+
+
+def test_persist_other_writable_buffers():
+    _native.persist(bytearray(4096), 100, 200)
+    _native.persist(memoryview(bytearray(10)), 0, 10)
+
+
+@pytest.mark.parametrize("offset,length", [
+    (-1, 1), (0, -1), (1, 1 << 62), (1 << 62, 1), (0, 1 << 20),
+])
+def test_persist_out_of_range(mapped, offset, length):
+    _, m = mapped
+    with pytest.raises(ValueError):
+        _native.persist(m, offset, length)
+
+
+def test_persist_range_just_past_end(mapped):
+    _, m = mapped
+    with pytest.raises(ValueError):
+        _native.persist(m, 1, len(m))
+    with pytest.raises(ValueError):
+        _native.persist(m, len(m) + 1, 0)
+
+
+def test_persist_needs_writable_buffer():
+    with pytest.raises((TypeError, BufferError)):
+        _native.persist(b"read-only bytes", 0, 1)
+
+
+def test_map_sync_unsupported_on_ordinary_file(mapped):
+    fd, m = mapped
+    assert _native.map_sync_supported(fd, len(m)) is False
+
+
+def test_map_sync_errors():
+    with pytest.raises(OSError) as exc:
+        _native.map_sync_supported(-1, 4096)
+    assert exc.value.errno == errno.EBADF
+    with pytest.raises(ValueError):
+        _native.map_sync_supported(0, 0)
+
+
+def test_punch_hole(tmp_path):
+    path = tmp_path / "blob"
+    data = os.urandom(4 * MiB)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        before = os.fstat(fd)
+        try:
+            _native.punch_hole(fd, 1 * MiB, 1 * MiB)
+        except OSError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                pytest.skip("filesystem of tmp_path cannot punch holes")
+            raise
+        os.fsync(fd)
+        after = os.fstat(fd)
+        assert after.st_size == before.st_size == 4 * MiB   # KEEP_SIZE
+        assert after.st_blocks < before.st_blocks
+        back = os.pread(fd, 4 * MiB, 0)
+    finally:
+        os.close(fd)
+    assert back[1 * MiB:2 * MiB] == bytes(MiB)
+    assert back[:1 * MiB] == data[:1 * MiB]
+    assert back[2 * MiB:] == data[2 * MiB:]
+
+
+def test_punch_hole_bad_fd():
+    with pytest.raises(OSError) as exc:
+        _native.punch_hole(-1, 0, 4096)
+    assert exc.value.errno == errno.EBADF
+
+
+def test_punch_hole_on_pipe():
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError) as exc:
+            _native.punch_hole(w, 0, 4096)
+        assert exc.value.errno == errno.ESPIPE
+    finally:
+        os.close(r)
+        os.close(w)
