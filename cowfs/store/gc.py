@@ -99,9 +99,8 @@ def collect(store: "Store") -> GcReport:
             gaps: list[tuple[int, int]] = []
             pos = DATA_START
             for off, span in used + [(limit, 0)]:
-                lo, hi = round_up(pos), off // 4096 * 4096
-                if hi > lo:
-                    gaps.append((lo, hi - lo))
+                if off > pos:
+                    gaps.append((pos, off - pos))
                 pos = max(pos, off + span)
             punches.append((seg_id, gaps))
 
@@ -110,7 +109,7 @@ def collect(store: "Store") -> GcReport:
             continue
         seg = store.log.segment(seg_id)
         for off, length in gaps:
-            seg.punch(off, length)
+            _clear(seg, off, length)
     if empty:
         store.catalog.write(
             lambda t: t.conn.executemany("DELETE FROM segments WHERE seg_id=?", [(s,) for s in empty]), op="gc"
@@ -120,6 +119,19 @@ def collect(store: "Store") -> GcReport:
             segment_path(store.root, seg_id).unlink(missing_ok=True)
     after = store.physical_bytes()
     return GcReport(n_dead, dead_bytes, len(empty), before, after, time.monotonic() - t0)
+
+
+def _clear(seg, off: int, length: int) -> None:  # type: ignore[no-untyped-def]
+    """Give dead bytes back: whole pages are punched, the partial pages at the edges are zeroed."""
+    lo, hi = round_up(off), (off + length) // 4096 * 4096
+    if hi > lo:
+        seg.punch(lo, hi - lo)
+        if lo > off:
+            seg.write(off, bytes(lo - off))
+        if off + length > hi:
+            seg.write(hi, bytes(off + length - hi))
+    else:
+        seg.write(off, bytes(length))
 
 
 def _span_of(store: "Store", seg_id: int, offset: int) -> int:

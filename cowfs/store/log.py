@@ -181,13 +181,17 @@ class Log:
     @staticmethod
     def recover_segment(path: Path, committed_end: int, device: str) -> int:
         """Cut a segment back to its committed end; returns bytes released."""
-        keep = round_up(max(committed_end, DATA_START))
+        end = max(committed_end, DATA_START)
+        keep = round_up(end)
         size = os.path.getsize(path)
         if size <= keep:
             return 0
         seg = segment_class(device).open(path)
         try:
             seg.truncate(keep)
+            if keep > end:  # no torn record header may survive in the last page
+                seg.write(end, bytes(keep - end))
+                seg.persist()
         finally:
             seg.close()
         return size - keep

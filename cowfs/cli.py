@@ -1,0 +1,253 @@
+"""The `cowfs` command line. Errors are one line on stderr: exit 2 for bad input,
+1 when a check ran and found a problem (fsck), 0 otherwise."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from .errors import CowfsError
+from .store import Store
+from .store.layout import DEFAULT_SEGMENT_SIZE, parse_size
+
+EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _time(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
+
+
+def _progress(label: str) -> Callable[[int, int], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // total if total else width
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    size = parse_size(args.segment_size) if args.segment_size else DEFAULT_SEGMENT_SIZE
+    cfg = Store.init(args.store, device=args.device, segment_size=size)
+    print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {_human(cfg.segment_size)})")
+    return 0
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        report = store.fsck(repair=args.repair, progress=_progress("fsck"))
+        after = store.fsck() if args.repair and report.problems else report
+    if args.json:
+        print(json.dumps({
+            "clean": after.clean,
+            "problems": [p.line() for p in report.problems],
+            "repaired": report.repaired,
+            "remaining": [p.line() for p in after.problems] if after is not report else [p.line() for p in report.problems],
+            "chunks_checked": report.chunks_checked,
+            "bytes_checked": report.bytes_checked,
+            "unreferenced_bytes": report.unreferenced_bytes,
+        }, indent=2))
+    else:
+        for p in report.problems:
+            print(p.line())
+        for line in report.repaired:
+            print(f"repaired: {line}")
+        state = "clean" if after.clean else f"{len(after.problems)} problem(s)"
+        print(
+            f"fsck: {state}: {report.chunks_checked} chunks, {_human(report.bytes_checked)} verified in "
+            f"{report.segments_checked} segments, {_human(report.unreferenced_bytes)} unreferenced (gc reclaims it)"
+        )
+    return 0 if after.clean else 1
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        stats = store.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        for key, value in stats.items():
+            shown = _human(value) if key.endswith("_bytes") else value
+            print(f"{key:16} {shown}")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        if args.action == "create":
+            snap = store.snapshot_create(args.name)
+            print(f"snapshot {snap.name} at generation {snap.gen}")
+        elif args.action == "delete":
+            for name in args.names:
+                store.snapshot(name)  # all names must exist before any is deleted
+            for name in args.names:
+                store.snapshot_delete(name)
+                print(f"deleted snapshot {name}")
+        else:
+            snaps = store.snapshot_list()
+            if args.json:
+                print(json.dumps([{"name": s.name, "generation": s.gen, "created": _time(s.created_ns)} for s in snaps], indent=2))
+            else:
+                print(f"{'NAME':30} {'GENERATION':>10}  CREATED")
+                for s in snaps:
+                    print(f"{s.name:30} {s.gen:>10}  {_time(s.created_ns)}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        report = store.gc()
+    print(f"gc: {report.chunks_deleted} chunks deleted, {_human(report.bytes_freed)} freed on the device "
+          f"({_human(report.physical_after)} in use) in {report.seconds:.2f}s")
+    return 0
+
+
+def _gen_of(store: Store, args: argparse.Namespace) -> int | None:
+    if getattr(args, "snapshot", None):
+        return store.snapshot(args.snapshot).gen
+    return getattr(args, "generation", None)
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        attr = store.resolve(args.path)
+        versions = store.history(attr.ino)
+    rows = [
+        {"generation": v.birth_gen, "time": _time(v.time_ns), "size": v.size, "added_bytes": v.added_bytes, "current": v.death_gen is None}
+        for v in versions
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'GENERATION':>10}  {'TIME':20}  {'SIZE':>12}  {'ADDED':>12}")
+        for r in rows:
+            print(f"{r['generation']:>10}  {r['time']:20}  {r['size']:>12}  {r['added_bytes']:>12}{'  (current)' if r['current'] else ''}")
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        gen = _gen_of(store, args)
+        attr = store.resolve(args.path, gen)
+        with store.open_reader(attr.ino, gen) as reader:
+            out = sys.stdout.buffer
+            pos = 0
+            while pos < reader.size:
+                data = reader.read(pos, 8 << 20)
+                out.write(data)
+                pos += len(data)
+            out.flush()
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with Store.open(args.store) as store:
+        gen = _gen_of(store, args)
+        attr = store.resolve(args.path, gen)
+        entries = store.readdir(attr.ino, gen) if attr.is_dir else [(args.path.encode(), attr)]
+    for name, a in entries:
+        kind = "d" if a.is_dir else "l" if a.is_symlink else "-"
+        print(f"{kind}{a.mode & 0o7777:04o} {a.size:>12} {_time(a.mtime_ns)} {name.decode(errors='replace')}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cowfs",
+        description="cowfs: deduplicated, crash-consistent, versioned storage for ML checkpoints.",
+        epilog="example: cowfs init /data/store && cowfs stats /data/store",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init", help="create a new store", description="Create a new, empty store directory.", epilog=EPILOG_INIT)
+    s.add_argument("store", help="directory to create (must be missing or empty)")
+    s.add_argument("--device", choices=("file", "pmem"), default="file",
+                   help="file: pwrite+fdatasync (NVMe, SSD); pmem: mmap + cache-line flush (persistent memory)")
+    s.add_argument("--segment-size", metavar="SIZE", help="log segment size, e.g. 256M (default 256M, min 4M)")
+    s.set_defaults(fn=cmd_init)
+
+    s = sub.add_parser("fsck", help="check a store", description="Check every record checksum, every reference and the space accounting. Exit 0 when clean, 1 when not.",
+                       epilog="example: cowfs fsck /data/store --repair")
+    s.add_argument("store")
+    s.add_argument("--repair", action="store_true", help="fix what can be fixed without touching intact committed data")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_fsck)
+
+    s = sub.add_parser("stats", help="space and object counts", description="Show logical, stored and physical bytes, counts and the dedup ratio.",
+                       epilog="example: cowfs stats /data/store --json")
+    s.add_argument("store")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_stats)
+
+    s = sub.add_parser("snapshot", help="create, list or delete snapshots", description="Snapshots pin the whole tree as of now.",
+                       epilog="example: cowfs snapshot create /data/store step-1000")
+    snap = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = snap.add_parser("create", help="snapshot everything committed", epilog="example: cowfs snapshot create /data/store step-1000")
+    c.add_argument("store")
+    c.add_argument("name", help="no '/', must not start with '.' or '@'")
+    c = snap.add_parser("list", help="list snapshots", epilog="example: cowfs snapshot list /data/store --json")
+    c.add_argument("store")
+    c.add_argument("--json", action="store_true")
+    c = snap.add_parser("delete", help="delete snapshots (space returns at gc)", epilog="example: cowfs snapshot delete /data/store step-500 step-600")
+    c.add_argument("store")
+    c.add_argument("names", nargs="+", metavar="NAME")
+    s.set_defaults(fn=cmd_snapshot)
+
+    s = sub.add_parser("gc", help="reclaim space", description="Delete chunks that no retained version uses and give their space back to the device.",
+                       epilog="example: cowfs gc /data/store")
+    s.add_argument("store")
+    s.set_defaults(fn=cmd_gc)
+
+    s = sub.add_parser("log", help="versions of a path", description="Every retained version of PATH, newest first.",
+                       epilog="example: cowfs log /data/store /run1/model.safetensors")
+    s.add_argument("store")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_log)
+
+    for name, fn, help_ in (("cat", cmd_cat, "write a file's bytes to stdout"), ("ls", cmd_ls, "list a directory")):
+        s = sub.add_parser(name, help=help_, description=help_ + ", live or as of a snapshot or generation.",
+                           epilog=f"example: cowfs {name} /data/store /run1 --snapshot step-1000")
+        s.add_argument("store")
+        s.add_argument("path")
+        g = s.add_mutually_exclusive_group()
+        g.add_argument("--snapshot", metavar="NAME", help="as of this snapshot")
+        g.add_argument("--generation", metavar="G", type=int, help="as of this generation")
+        s.set_defaults(fn=fn)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CowfsError as e:
+        print(f"cowfs: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cowfs: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"cowfs: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

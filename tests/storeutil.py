@@ -1,0 +1,22 @@
+"""Helpers shared by engine tests: make stores on either device, and fsck them."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from cowfs.store import Store
+
+
+def new_store(path: Path, device: str = "file", segment_size: int = 4 << 20) -> Path:
+    Store.init(path, device=device, segment_size=segment_size)
+    return path
+
+
+def assert_clean(path: Path) -> None:
+    with Store.open(path) as store:
+        report = store.fsck()
+    assert report.clean, "\n".join(p.line() for p in report.problems)
+
+
+def data(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(n)

@@ -1,0 +1,282 @@
+"""Engine tests: namespace, write sessions, snapshots, history, gc, recovery, corruption.
+
+Every test runs on both devices and ends with fsck clean (except where a test
+damages the store on purpose, which then checks what fsck says and repairs)."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from cowfs.errors import Busy, CorruptData, Exists, IsADirectory, NotEmpty, NotFound, StoreError
+from cowfs.store import ROOT_INO, Store
+from cowfs.store.layout import segment_path
+
+from storeutil import assert_clean, data, new_store
+
+
+@pytest.fixture(params=["file", "pmem"])
+def path(request, tmp_path):
+    p = new_store(tmp_path / "store", device=request.param)
+    yield p
+    if request.node.get_closest_marker("damaged") is None:
+        assert_clean(p)
+
+
+def test_init_refuses_existing_or_nonempty(tmp_path):
+    p = new_store(tmp_path / "s")
+    before = sorted(os.listdir(p))
+    with pytest.raises(StoreError, match="already a cowfs store"):
+        Store.init(p)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("keep me")
+    with pytest.raises(StoreError, match="not empty"):
+        Store.init(tmp_path / "other")
+    assert sorted(os.listdir(p)) == before and (tmp_path / "other" / "x").read_text() == "keep me"
+    assert_clean(p)
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(StoreError, match="no such directory"):
+        Store.open(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(StoreError, match="not a cowfs store"):
+        Store.open(tmp_path / "plain")
+    p = new_store(tmp_path / "s")
+    cfg = (p / "cowfs-store.json").read_text()
+    (p / "cowfs-store.json").write_text(cfg.replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(StoreError, match="format version 99"):
+        Store.open(p)
+    (p / "cowfs-store.json").write_text(cfg)
+    with Store.open(p):
+        with pytest.raises(Busy, match="in use"):
+            Store.open(p)
+    assert_clean(p)
+
+
+def test_namespace_operations(path):
+    with Store.open(path) as s:
+        d = s.mkdir(ROOT_INO, b"run")
+        f = s.create(d.ino, b"a.pt", 0o600)
+        assert stat.S_ISREG(f.mode) and f.mode & 0o777 == 0o600 and f.size == 0
+        with pytest.raises(Exists):
+            s.create(d.ino, b"a.pt")
+        s.symlink(d.ino, b"last.ckpt", b"a.pt")
+        assert s.readlink(s.lookup(d.ino, b"last.ckpt").ino) == b"a.pt"
+        assert [n for n, _ in s.readdir(d.ino)] == [b"a.pt", b"last.ckpt"]
+        assert s.getattr(ROOT_INO).nlink == 3
+        with pytest.raises(NotEmpty):
+            s.rmdir(ROOT_INO, b"run")
+        with pytest.raises(IsADirectory):
+            s.unlink(ROOT_INO, b"run")
+        s.write_file("/run/b.pt", b"B" * 100)
+        with pytest.raises(Exists):
+            s.rename(d.ino, b"a.pt", d.ino, b"b.pt", noreplace=True)
+        mtime = s.getattr(d.ino).mtime_ns
+        s.rename(d.ino, b"b.pt", d.ino, b"a.pt")
+        assert s.read_file("/run/a.pt") == b"B" * 100
+        assert s.getattr(d.ino).mtime_ns >= mtime
+        s.mkdir(ROOT_INO, b"other")
+        s.rename(ROOT_INO, b"run", s.resolve("/other").ino, b"run")
+        assert s.read_file("/other/run/a.pt") == b"B" * 100
+        with pytest.raises(Exception) as ei:
+            s.rename(ROOT_INO, b"other", s.resolve("/other/run").ino, b"x")
+        assert getattr(ei.value, "errno", None) == errno.EINVAL
+        s.setattr(f.ino if False else s.resolve("/other/run/a.pt").ino, mode=0o640, mtime_ns=123)
+        a = s.resolve("/other/run/a.pt")
+        assert a.mode & 0o777 == 0o640 and a.mtime_ns == 123
+        with pytest.raises(NotFound):
+            s.resolve("/run")
+
+
+def test_history_and_snapshots_read_old_trees(path):
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"ck")
+        s.write_file("/ck/model.pt", data(300_000, 1))
+        snap1 = s.snapshot_create("step-1")
+        s.write_file("/ck/model.pt", data(300_000, 2))
+        s.unlink(s.resolve("/ck").ino, b"model.pt")
+        with pytest.raises(NotFound):
+            s.read_file("/ck/model.pt")
+        assert s.read_file("/ck/model.pt", snap1.gen) == data(300_000, 1)
+        with pytest.raises(Exists):
+            s.snapshot_create("step-1")
+        with pytest.raises(Exception):
+            s.snapshot_create("a/b")
+        hist = s.history(s.resolve("/ck/model.pt", snap1.gen).ino)
+        assert [v.size for v in hist] == [300_000, 300_000, 0]
+        assert hist[0].added_bytes == 300_000 and hist[0].death_gen is not None
+        # history not in any snapshot goes at expiry; the snapshot keeps its version
+        s.expire_history()
+        assert s.read_file("/ck/model.pt", snap1.gen) == data(300_000, 1)
+        s.gc()
+        assert s.read_file("/ck/model.pt", snap1.gen) == data(300_000, 1)
+        s.snapshot_delete("step-1")
+        s.expire_history()
+        report = s.gc()
+        assert report.chunks_deleted >= 1
+        assert s.stats()["stored_bytes"] == 0
+
+
+def test_dedup_across_files_and_versions(path):
+    with Store.open(path) as s:
+        blob = data(2 << 20, 5)
+        s.write_file("/a", blob)
+        stored = s.stats()["stored_bytes"]
+        s.mkdir(ROOT_INO, b"ckpt-2")
+        s.write_file("/ckpt-2/a", blob)
+        s.write_file("/b", blob[:1_000_000] + b"new" + blob[1_000_000:])
+        st = s.stats()
+        assert st["logical_bytes"] == 3 * len(blob) + 3
+        assert st["stored_bytes"] - stored < 600_000  # only chunks around the insertion are new
+
+
+def test_session_random_writes_truncate_and_read_your_writes(path):
+    with Store.open(path) as s:
+        base = bytearray(data(1_500_000, 7))
+        f = s.write_file("/f", bytes(base))
+        with s.open_session(f.ino) as w:
+            for off, n, seed in ((10, 5000, 1), (700_000, 100, 2), (1_499_990, 50_000, 3), (2_000_000, 10, 4)):
+                chunk = data(n, seed)
+                w.write(off, chunk)
+                if off > len(base):
+                    base.extend(bytes(off - len(base)))
+                base[off:off + n] = chunk
+            assert w.read(0, 3_000_000) == bytes(base)
+            assert s.read_file("/f") != bytes(base)  # not visible before commit
+            w.truncate(1_200_000)
+            del base[1_200_000:]
+            w.truncate(1_300_000)
+            base.extend(bytes(100_000))
+            assert w.read(0, 3_000_000) == bytes(base)
+            attr = w.commit()
+            assert attr.size == len(base)
+        assert s.read_file("/f") == bytes(base)
+        # abort drops everything uncommitted
+        with s.open_session(f.ino) as w:
+            w.write(0, b"zzz")
+        assert s.read_file("/f") == bytes(base)
+        s.setattr(f.ino, size=10)
+        assert s.read_file("/f") == bytes(base[:10])
+
+
+def test_sequential_fast_path_over_existing_file(path):
+    with Store.open(path) as s:
+        old = data(20 << 20, 8)
+        f = s.write_file("/big", old)
+        new = data(12 << 20, 9)
+        with s.open_session(f.ino) as w:  # overwrite from 0 without truncating: the tail stays
+            for i in range(0, len(new), 1 << 20):
+                w.write(i, new[i:i + (1 << 20)])
+            w.commit()
+        assert s.read_file("/big") == new + old[len(new):]
+
+
+def test_crash_before_commit_keeps_previous_version(path):
+    s = Store.open(path)
+    s.write_file("/m.pt", data(400_000, 1))
+    f = s.resolve("/m.pt")
+    w = s.open_session(f.ino)
+    w.truncate(0)
+    w.write(0, data(5_000_000, 2))
+    w._materialize()  # records appended, never committed
+    s.log.sync()
+    # simulate kill -9: drop the process state without closing anything
+    s.catalog.close()
+    os.close(s._lock_fd)
+    for seg in s.log._open.values():
+        seg.close()
+    with Store.open(path) as s2:
+        assert s2.read_file("/m.pt") == data(400_000, 1)
+        assert s2.recovered_bytes > 0 or s2.fsck().unreferenced_bytes > 0
+        s2.gc()
+        assert s2.fsck().unreferenced_bytes == 0
+
+
+def test_crash_between_sync_and_catalog_commit(path, monkeypatch):
+    s = Store.open(path)
+    s.write_file("/m.pt", data(100_000, 1))
+    f = s.resolve("/m.pt")
+
+    def boom(fn, op):
+        raise KeyboardInterrupt("killed")
+
+    w = s.open_session(f.ino)
+    w.write(0, data(300_000, 2))
+    monkeypatch.setattr(s.catalog, "write", boom)
+    with pytest.raises(KeyboardInterrupt):
+        w.commit()
+    monkeypatch.undo()
+    s.catalog.close()
+    os.close(s._lock_fd)
+    with Store.open(path) as s2:
+        assert s2.read_file("/m.pt") == data(100_000, 1)
+
+
+def test_segment_rotation_and_reopen(path):
+    blobs = {f"/f{i}": data(1_500_000, 20 + i) for i in range(8)}  # 12 MB over 4 MiB segments
+    with Store.open(path) as s:
+        for p, b in blobs.items():
+            s.write_file(p, b)
+    assert len(list((path / "segments").glob("*.seg"))) >= 3
+    with Store.open(path) as s:
+        for p, b in blobs.items():
+            assert s.read_file(p) == b
+
+
+def _damage_first_chunk(path, store):
+    row = store.catalog.reader().execute("SELECT seg_id, offset FROM chunks ORDER BY cid LIMIT 1").fetchone()
+    seg = segment_path(path, row[0])
+    with open(seg, "r+b") as f:
+        f.seek(row[1] + 64 + 10)
+        b = f.read(1)
+        f.seek(row[1] + 64 + 10)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.damaged
+def test_corrupt_chunk_fails_reads_fsck_names_it_and_repair(path):
+    with Store.open(path) as s:
+        s.write_file("/bad.pt", data(200_000, 1))
+        s.write_file("/good.pt", data(200_000, 2))
+        _damage_first_chunk(path, s)
+    with Store.open(path) as s:
+        with pytest.raises(CorruptData):
+            s.read_file("/bad.pt")
+        assert s.read_file("/good.pt") == data(200_000, 2)
+        report = s.fsck()
+        assert not report.clean
+        assert any("/bad.pt" in p.paths for p in report.problems)
+        repaired = s.fsck(repair=True)
+        assert repaired.repaired
+        assert s.fsck().clean
+        assert s.read_file("/good.pt") == data(200_000, 2)
+        # the damaged version is gone; the file is back at its newest intact version (empty at create)
+        assert any("reverted" in line for line in repaired.repaired)
+        assert s.read_file("/bad.pt") == b""
+
+
+@pytest.mark.damaged
+def test_missing_and_truncated_segment(path):
+    with Store.open(path) as s:
+        s.write_file("/a", data(3_000_000, 1))
+        s.write_file("/b", data(3_000_000, 2))
+        segs = sorted({r[0] for r in s.catalog.reader().execute("SELECT seg_id FROM chunks")})
+        a_segs = {r[0] for r in s.catalog.reader().execute(
+            "SELECT DISTINCT c.seg_id FROM chunks c JOIN extents e ON e.cid=c.cid JOIN versions v ON v.content_id=e.content_id"
+            " WHERE v.ino=?", (s.resolve('/a').ino,))}
+    last = segs[-1]
+    assert last not in a_segs or len(segs) > 1
+    p = segment_path(path, last)
+    os.truncate(p, p.stat().st_size // 2)
+    with Store.open(path) as s:
+        with pytest.raises(CorruptData):
+            s.read_file("/b")
+        if last not in a_segs:
+            assert s.read_file("/a") == data(3_000_000, 1)
+        assert not s.fsck().clean
+        s.fsck(repair=True)
+        assert s.fsck().clean
+    assert_clean(path)
