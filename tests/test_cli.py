@@ -1,0 +1,104 @@
+"""The cowfs command line on an unmounted store: outputs, exit codes, errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cowfs.store import ROOT_INO, Store
+
+from storeutil import assert_clean, data
+
+
+def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, input=input, timeout=120)
+
+
+@pytest.fixture
+def store(tmp_path):
+    p = tmp_path / "store"
+    r = run("init", str(p), "--segment-size", "4M")
+    assert r.returncode == 0, r.stderr
+    with Store.open(p) as s:
+        s.mkdir(ROOT_INO, b"run")
+        s.write_file("/run/model.pt", data(500_000, 1))
+        s.snapshot_create("one")
+        s.write_file("/run/model.pt", data(500_000, 2))
+    yield p
+    assert_clean(p)
+
+
+def test_stats_json_and_table(store):
+    r = run("stats", str(store), "--json")
+    assert r.returncode == 0
+    stats = json.loads(r.stdout)
+    for key in ("logical_bytes", "stored_bytes", "physical_bytes", "files", "versions", "snapshots", "generations", "dedup_ratio"):
+        assert key in stats
+    assert stats["files"] == 1 and stats["snapshots"] == 1 and stats["stored_bytes"] == 1_000_000
+    assert "dedup_ratio" in run("stats", str(store)).stdout.decode()
+
+
+def test_snapshots_log_cat_ls(store):
+    assert run("snapshot", "create", str(store), "two").returncode == 0
+    r = run("snapshot", "list", str(store), "--json")
+    assert [s["name"] for s in json.loads(r.stdout)] == ["one", "two"]
+    r = run("cat", str(store), "/run/model.pt", "--snapshot", "one")
+    assert r.returncode == 0 and r.stdout == data(500_000, 1)
+    assert run("cat", str(store), "/run/model.pt").stdout == data(500_000, 2)
+    log = json.loads(run("log", str(store), "/run/model.pt", "--json").stdout)
+    assert [v["size"] for v in log][:2] == [500_000, 500_000] and log[0]["current"]
+    assert b"model.pt" in run("ls", str(store), "/run").stdout
+    assert run("snapshot", "delete", str(store), "one", "two").returncode == 0
+    assert json.loads(run("snapshot", "list", str(store), "--json").stdout) == []
+    r = run("gc", str(store))
+    assert r.returncode == 0 and b"freed" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("stats", "{tmp}/missing"), "no such directory"),
+        (("stats", "{tmp}"), "not a cowfs store"),
+        (("init", "{store}"), "already a cowfs store"),
+        (("snapshot", "create", "{store}", ".hidden"), "invalid snapshot name"),
+        (("snapshot", "create", "{store}", "one"), "already exists"),
+        (("snapshot", "delete", "{store}", "nope"), "no snapshot named"),
+        (("cat", "{store}", "/run/missing.pt"), "no such file"),
+        (("cat", "{store}", "/run/model.pt", "--snapshot", "nope"), "no snapshot named"),
+        (("init", "{tmp}/new", "--segment-size", "12x"), "not a size"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(store, tmp_path, args, message):
+    before = {f: os.stat(store / f).st_mtime_ns for f in ("cowfs-store.json",)}
+    r = run(*(a.format(tmp=tmp_path, store=store) for a in args))
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert before == {f: os.stat(store / f).st_mtime_ns for f in before}
+
+
+def test_fsck_exit_codes(store):
+    r = run("fsck", str(store), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["clean"]
+    with Store.open(store) as s:
+        seg, off = s.catalog.reader().execute("SELECT seg_id, offset FROM chunks LIMIT 1").fetchone()
+    seg_file = store / "segments" / f"{seg:016d}.seg"
+    with open(seg_file, "r+b") as f:
+        f.seek(off + 100)
+        b = f.read(1)
+        f.seek(off + 100)
+        f.write(bytes([b[0] ^ 1]))
+    r = run("fsck", str(store))
+    assert r.returncode == 1 and b"chunk" in r.stdout and b"/run/model.pt" in r.stdout
+    r = run("fsck", str(store), "--repair")
+    assert r.returncode == 0, r.stdout
+    assert run("fsck", str(store)).returncode == 0
+
+
+def test_help_has_examples():
+    for cmd in ("init", "fsck", "stats", "gc", "log", "cat", "ls"):
+        r = run(cmd, "--help")
+        assert r.returncode == 0 and b"example:" in r.stdout
