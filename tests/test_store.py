@@ -280,3 +280,68 @@ def test_missing_and_truncated_segment(path):
         s.fsck(repair=True)
         assert s.fsck().clean
     assert_clean(path)
+
+
+def test_failed_commit_loses_nothing_and_can_be_retried(path, monkeypatch):
+    with Store.open(path) as s:
+        f = s.write_file("/f", data(300_000, 1))
+        want = bytearray(data(300_000, 1))
+        with s.open_session(f.ino) as w:
+            w.write(1000, b"Z" * 5000)  # overlay (slow path)
+            want[1000:6000] = b"Z" * 5000
+            real = s.catalog.write
+            calls = {"n": 0}
+
+            def flaky(fn, op):
+                calls["n"] += 1
+                if op == "commit" and calls["n"] == 1:
+                    raise OSError(28, "No space left on device")
+                return real(fn, op)
+
+            monkeypatch.setattr(s.catalog, "write", flaky)
+            with pytest.raises(OSError):
+                w.commit()
+            s.gc()  # the session's chunks stay pinned across the failure
+            assert w.read(0, 400_000) == bytes(want)
+            w.commit()
+            monkeypatch.undo()
+        assert s.read_file("/f") == bytes(want)
+
+
+def test_session_keeps_reading_after_unlink_expire_gc(path):
+    with Store.open(path) as s:
+        f = s.write_file("/f", data(400_000, 1))
+        with s.open_session(f.ino) as w:
+            w.write(0, data(400_000, 2))
+            w.commit()
+            s.unlink(ROOT_INO, b"f")
+            s.expire_history()
+            s.gc()
+            assert w.read(0, 400_000) == data(400_000, 2)
+            w.write(10, b"late")
+            assert w.commit() is None  # the file is gone: nothing to commit to
+            s.gc()
+            assert w.read(0, 20) == data(400_000, 2)[:10] + b"late" + data(400_000, 2)[14:20]
+
+
+def test_abort_returns_session_to_committed_version(path):
+    with Store.open(path) as s:
+        f = s.write_file("/f", data(100_000, 1))
+        with s.open_session(f.ino) as w:
+            w.write(50, b"discard me")
+            w.abort()
+            assert w.read(0, 100_000) == data(100_000, 1)
+            assert w.commit() is None  # nothing left to commit
+        assert s.read_file("/f") == data(100_000, 1)
+
+
+def test_reader_survives_delete_and_gc(path):
+    with Store.open(path) as s:
+        f = s.write_file("/f", data(500_000, 3))
+        with s.open_reader(f.ino) as r:
+            s.unlink(ROOT_INO, b"f")
+            s.expire_history()
+            s.gc()
+            assert r.read(0, 500_000) == data(500_000, 3)
+        s.gc()
+        assert s.stats()["stored_bytes"] == 0

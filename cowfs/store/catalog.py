@@ -178,12 +178,12 @@ class Catalog:
             conn.execute("COMMIT")
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        with self._readers_lock:
+        with self._readers_lock:  # readers first: the writer, closing last, checkpoints and removes the WAL
             for conn in self._readers:
                 try:
                     conn.close()
                 except sqlite3.Error:
                     pass
             self._readers.clear()
+        self._queue.put(None)
+        self._thread.join()

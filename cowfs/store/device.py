@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -90,7 +91,10 @@ class FileSegment:
             _raise_os(e, f"fdatasync {self.path}")
 
     def punch(self, offset: int, length: int) -> None:
-        _native.punch_hole(self.fd, offset, length)
+        try:
+            _native.punch_hole(self.fd, offset, length)
+        except OSError as e:
+            _raise_os(e, f"punch hole in {self.path}")
 
     def truncate(self, length: int) -> None:
         os.ftruncate(self.fd, length)
@@ -123,6 +127,7 @@ class PmemSegment(FileSegment):
         super().__init__(path, fd)
         self.dax = self.size > 0 and _native.map_sync_supported(fd, self.size)
         self.map: mmap.mmap | None = mmap.mmap(fd, self.size) if self.size else None
+        self._dirty_lock = threading.Lock()
         self._dirty_lo = self.size
         self._dirty_hi = 0
 
@@ -131,8 +136,9 @@ class PmemSegment(FileSegment):
         if self.map is None or offset + n > self.size:
             raise CowfsError(f"write past the end of {self.path}")
         self.map[offset:offset + n] = data
-        self._dirty_lo = min(self._dirty_lo, offset)
-        self._dirty_hi = max(self._dirty_hi, offset + n)
+        with self._dirty_lock:
+            self._dirty_lo = min(self._dirty_lo, offset)
+            self._dirty_hi = max(self._dirty_hi, offset + n)
 
     def read(self, offset: int, length: int) -> bytes:
         if self.map is None:
@@ -140,18 +146,20 @@ class PmemSegment(FileSegment):
         return self.map[offset:offset + length]
 
     def persist(self) -> None:
-        if self.map is None or self._dirty_hi <= self._dirty_lo:
+        with self._dirty_lock:
+            lo, hi = self._dirty_lo, self._dirty_hi
+            self._dirty_lo, self._dirty_hi = self.size, 0
+        if self.map is None or hi <= lo:
             return
-        lo, hi = self._dirty_lo, self._dirty_hi
         _native.persist(self.map, lo, hi - lo)
-        if not self.dax:
-            page = mmap.PAGESIZE
-            plo = lo // page * page
-            try:
-                self.map.flush(plo, hi - plo)
-            except OSError as e:
-                _raise_os(e, f"msync {self.path}")
-        self._dirty_lo, self._dirty_hi = self.size, 0
+        # Python's mmap cannot ask for MAP_SYNC, so even on DAX the file metadata
+        # needs msync; on a page-cache mapping msync is what writes the data back.
+        page = mmap.PAGESIZE
+        plo = lo // page * page
+        try:
+            self.map.flush(plo, hi - plo)
+        except OSError as e:
+            _raise_os(e, f"msync {self.path}")
 
     def truncate(self, length: int) -> None:
         self.persist()

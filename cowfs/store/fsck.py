@@ -19,7 +19,8 @@ from ..errors import StoreError
 from . import namespace as ns
 from .catalog import Txn
 from .layout import segment_path
-from .records import DATA_START, RecordError, decode_segment_header, scan_records
+from .log import Location, round_up
+from .records import DATA_START, RecordError, decode_segment_header, record_span, scan_records
 from .schema import LIVE, ROOT_INO
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def check(store: "Store", repair: bool = False, progress: Callable[[int, int], N
                 why = None
                 if off < prev_end:
                     why = "overlaps the previous record"
-                elif off + n > max(committed_end, 0) and seg_id != store.log.head_position()[0]:
+                elif off + record_span(n) > round_up(max(committed_end, DATA_START)):
                     why = "lies beyond the segment's committed end"
                 if rec is None or rec.header is None:
                     why = why or "no valid record header at its location"
@@ -143,6 +144,12 @@ def check(store: "Store", repair: bool = False, progress: Callable[[int, int], N
                 image.close()  # type: ignore[union-attr]
     if progress is not None:
         progress(total, total)
+
+    orphans = conn.execute(
+        "SELECT cid, seg_id FROM chunks WHERE seg_id NOT IN (SELECT seg_id FROM segments)"
+    ).fetchall()
+    for cid, seg_id in orphans:
+        bad_chunks[cid] = f"segment {seg_id} is not in the catalog"
 
     dangling = conn.execute(
         "SELECT DISTINCT e.cid FROM extents e LEFT JOIN chunks c ON c.cid = e.cid WHERE e.cid IS NOT NULL AND c.cid IS NULL"
@@ -205,54 +212,64 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
 
 
 def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, tuple[int, int, int]]) -> None:
+    """Relocate what has an intact copy; drop every version that needs a lost chunk."""
+    relocations: dict[int, Location] = {}
+    conn = store.catalog.reader()
+    for cid in bad:
+        row = conn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
+        copy = copies.get(bytes(row[0])) if row else None
+        if copy is None:
+            continue
+        loc = Location(*copy)
+        try:
+            store.log.read_chunk(loc, bytes(row[0]))  # CRC and BLAKE3 both
+        except Exception:
+            continue
+        relocations[cid] = loc
+
     def fn(txn: Txn) -> list[str]:
         done: list[str] = []
-        lost: list[int] = []
-        for cid in bad:
-            row = txn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
-            copy = copies.get(bytes(row[0])) if row else None
-            if copy is not None:
-                txn.execute("UPDATE chunks SET seg_id=?, offset=?, stored_len=?, raw_len=? WHERE cid=?", (*copy, copy[2], cid))
-                done.append(f"chunk {bytes(row[0]).hex()[:16]}: relocated to an intact copy in segment {copy[0]}")
-            else:
-                lost.append(cid)
-        for cid in lost:
-            vids = txn.execute(
-                "SELECT DISTINCT v.vid, v.ino, v.death_gen FROM versions v JOIN extents e ON e.content_id = v.content_id WHERE e.cid=?",
-                (cid,),
-            ).fetchall()
-            for vid, ino, death in vids:
-                paths = ns.paths_of(txn.conn, ino)
-                txn.execute("DELETE FROM versions WHERE vid=?", (vid,))
-                if death == LIVE:
-                    prev = txn.execute(
-                        f"SELECT {ns.VERSION_COLS} FROM versions WHERE ino=? ORDER BY birth_gen DESC LIMIT 1", (ino,)
-                    ).fetchone()
-                    if prev is not None:
-                        txn.execute(
-                            f"INSERT INTO versions({ns.VERSION_COLS}) SELECT NULL, ino, ?, ?, size, mode, uid, gid, mtime_ns,"
-                            " ?, content_id, target, data_gen FROM versions WHERE vid=?",
-                            (txn.gen, LIVE, txn.now_ns, prev[0]),
-                        )
-                        done.append(f"{', '.join(paths)}: damaged version {vid} dropped, reverted to version {prev[0]}")
-                    else:
-                        txn.execute(
-                            "UPDATE dentries SET death_gen=? WHERE ino=? AND death_gen=?", (txn.gen, ino, LIVE)
-                        )
-                        done.append(f"{', '.join(paths)}: damaged version {vid} dropped, no intact version left, file removed")
-                else:
-                    done.append(f"{', '.join(paths)}: damaged old version {vid} dropped")
-            txn.execute("DELETE FROM extents WHERE cid=?", (cid,))
-            txn.execute("DELETE FROM chunks WHERE cid=?", (cid,))
-        # bodies that lost extents are no longer whole: drop the versions still using them
-        broken = txn.execute(
-            "SELECT c.content_id FROM contents c LEFT JOIN extents e ON e.content_id=c.content_id"
+        for cid, loc in relocations.items():
+            txn.execute("UPDATE chunks SET seg_id=?, offset=?, stored_len=?, raw_len=? WHERE cid=?",
+                        (loc.seg_id, loc.offset, loc.stored_len, loc.stored_len, cid))
+            txn.execute("UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", (loc.offset + loc.span, loc.seg_id))
+            done.append(f"chunk cid {cid}: relocated to an intact copy in segment {loc.seg_id} offset {loc.offset}")
+        lost = [cid for cid in bad if cid not in relocations]
+        txn.execute("CREATE TEMP TABLE IF NOT EXISTS fsck_lost(cid INTEGER PRIMARY KEY)")
+        txn.execute("DELETE FROM fsck_lost")
+        txn.conn.executemany("INSERT INTO fsck_lost VALUES (?)", [(c,) for c in lost])
+        # bodies that need a lost chunk, or whose extents do not add up, cannot be read whole
+        broken = [r[0] for r in txn.execute(
+            "SELECT DISTINCT content_id FROM extents WHERE cid IN (SELECT cid FROM fsck_lost)"
+            " UNION SELECT c.content_id FROM contents c LEFT JOIN extents e ON e.content_id=c.content_id"
             " GROUP BY c.content_id HAVING coalesce(sum(e.length),0) != c.size"
-        ).fetchall()
-        for (content_id,) in broken:
-            txn.execute("DELETE FROM versions WHERE content_id=?", (content_id,))
+        ).fetchall()]
+        reverted: set[int] = set()
+        for content_id in broken:
+            for vid, ino, death in txn.execute(
+                "SELECT vid, ino, death_gen FROM versions WHERE content_id=?", (content_id,)
+            ).fetchall():
+                paths = ", ".join(ns.paths_of(txn.conn, ino)) or f"inode {ino}"
+                txn.execute("DELETE FROM versions WHERE vid=?", (vid,))
+                done.append(f"{paths}: damaged version {vid} dropped")
+                if death == LIVE:
+                    reverted.add(ino)
             txn.execute("DELETE FROM extents WHERE content_id=?", (content_id,))
             txn.execute("DELETE FROM contents WHERE content_id=?", (content_id,))
+        txn.execute("DELETE FROM chunks WHERE cid IN (SELECT cid FROM fsck_lost)")
+        for ino in sorted(reverted):
+            paths = ", ".join(ns.paths_of(txn.conn, ino)) or f"inode {ino}"
+            prev = txn.execute("SELECT vid FROM versions WHERE ino=? ORDER BY birth_gen DESC LIMIT 1", (ino,)).fetchone()
+            if prev is not None:
+                txn.execute(
+                    f"INSERT INTO versions({ns.VERSION_COLS}) SELECT NULL, ino, ?, ?, size, mode, uid, gid, mtime_ns,"
+                    " ?, content_id, target, data_gen FROM versions WHERE vid=?",
+                    (txn.gen, LIVE, txn.now_ns, prev[0]),
+                )
+                done.append(f"{paths}: reverted to its newest intact version {prev[0]}")
+            else:
+                txn.execute("UPDATE dentries SET death_gen=? WHERE ino=? AND death_gen=?", (txn.gen, ino, LIVE))
+                done.append(f"{paths}: no intact version left, file removed")
         return done
 
     try:

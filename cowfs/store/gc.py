@@ -107,6 +107,8 @@ def collect(store: "Store") -> GcReport:
     for seg_id, gaps in punches:
         if not gaps:
             continue
+        if not segment_path(store.root, seg_id).exists():
+            continue  # a missing segment is fsck's business; nothing to reclaim there
         seg = store.log.segment(seg_id)
         for off, length in gaps:
             _clear(seg, off, length)

@@ -4,7 +4,8 @@ STORE/
   cowfs-store.json   format + config (see docs/format.md)
   catalog.db         SQLite catalog (+ -wal, -shm)
   segments/          append-only log segments, NNNNNNNNNNNNNNNN.seg
-  lock               flock()ed by the process that owns the store
+  lock               flock()ed by the process that owns the store; holds its pid
+  tmp/               spill files of open write sessions (unlinked; cleared at open)
 """
 from __future__ import annotations
 
@@ -140,6 +141,8 @@ def read_config(root: Path) -> StoreConfig:
         raise StoreError(f"{path}: store config is missing a field ({e})") from None
     if cfg.device not in DEVICES:
         raise StoreError(f"{path}: unknown device {cfg.device!r}")
+    if not MIN_SEGMENT_SIZE <= cfg.segment_size <= MAX_SEGMENT_SIZE or cfg.segment_size % 4096:
+        raise StoreError(f"{path}: invalid segment_size {cfg.segment_size}")
     if not (root / SEGMENTS_DIR).is_dir():
         raise StoreError(f"{root}: store has no {SEGMENTS_DIR}/ directory")
     return cfg

@@ -1,9 +1,9 @@
 """The append-only log: a sequence of preallocated segments holding chunk records.
 
 One head segment takes appends; the others are read-only. Appends are batched
-into one write per segment; `sync()` is the durability point and returns how far
-each touched segment is durable, which the commit transaction records as the
-segment's committed end. On open, every segment is cut back to its committed
+into one write per segment; `sync()` is the durability point. The commit
+transaction then raises each segment's committed end to the end of the records
+the new version references. On open, every segment is cut back to its committed
 end: whatever lay beyond it was never referenced by a committed version.
 """
 from __future__ import annotations

@@ -169,9 +169,12 @@ def scan_records(buf: "bytes | mmap.mmap", start: int = DATA_START, end: int | N
         while nxt != -1 and nxt % RECORD_ALIGN:
             nxt = buf.find(RECORD_MAGIC, nxt + 1, end)
         stop = end if nxt == -1 else nxt
-        region = buf[off:stop]
-        if bad_start is None and region.count(0) != len(region):
-            bad_start = off
+        if bad_start is None:
+            for lo in range(off, stop, 1 << 20):  # look at big zero regions a piece at a time
+                piece = buf[lo:min(stop, lo + (1 << 20))]
+                if piece.count(0) != len(piece):
+                    bad_start = off
+                    break
         off = stop
     if bad_start is not None:
         yield ScannedRecord(bad_start, None, end - bad_start, False)

@@ -119,6 +119,7 @@ class WriteSession:
         self._start(base, size)
 
     def _start(self, base: list[Extent], size: int) -> None:
+        self._committed = (base, size)
         self.base = base
         self._base_starts = [e.offset for e in base]
         self.size = size
@@ -321,16 +322,19 @@ class WriteSession:
             extents = self._materialize()
             size = self.size
             assert sum(e.length for e in extents) == size, "materialized length mismatch"
-            try:
-                attr, stored = self._commit_fn(self, extents)
-            finally:
-                self.overlay.close()
-                self.writer.release()
+            # on failure nothing is dropped: the session keeps its view and its pins, and may retry or abort
+            attr, stored = self._commit_fn(self, extents)
+            if attr is None:
+                # the file is gone: keep the view (and the pins on its chunks) until the session closes
+                self.dirty = False
+                return None
+            self.overlay.close()
+            self.writer.release()
             self._start(stored, size)
             return attr
 
     def abort(self) -> None:
-        """Drop every uncommitted change."""
+        """Drop every uncommitted change: the session is back at its last committed version."""
         with self._lock:
             try:
                 self._wait()
@@ -338,7 +342,7 @@ class WriteSession:
                 pass
             self.overlay.close()
             self.writer.release()
-            self.pending = bytearray()
+            self._start(self._committed[0], self._committed[1])
 
     def close(self) -> None:
         if self.closed:

@@ -74,7 +74,11 @@ class Store:
         self.config = config
         self._lock_fd = lock_fd
         self.catalog = Catalog(root / CATALOG_FILE)
-        self.recovered_bytes = self._recover()
+        try:
+            self.recovered_bytes = self._recover()
+        except BaseException:
+            self.catalog.close()
+            raise
         self.log = Log(root, config, self._new_segment_id)
         self.index = ChunkIndex(self.catalog)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
@@ -91,9 +95,22 @@ class Store:
         root = Path(path)
         check_new_store_dir(root)
         cfg = new_config(device, segment_size)
-        root.mkdir(parents=True, exist_ok=True)
-        create_catalog(root / CATALOG_FILE, cfg.store_uuid)
-        write_config(root, cfg)  # last: a store exists once its config does
+        if root.exists():  # an empty directory the user made: build in place, config last
+            create_catalog(root / CATALOG_FILE, cfg.store_uuid)
+            write_config(root, cfg)
+            return cfg
+        # build beside it and rename: a crash leaves no half-made store at the path
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".{root.name}.cowfs-init-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            create_catalog(tmp / CATALOG_FILE, cfg.store_uuid)
+            write_config(tmp, cfg)
+            os.rename(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return cfg
 
     @classmethod
@@ -290,8 +307,9 @@ class Store:
                 raise IsADirectory(f"inode {ino} is a directory")
             return attr, load_extents(conn, attr.content_id)
 
-        attr, extents = self._read(fn, gen)
-        release = self._hold_content(attr.content_id)
+        with self.index.gc_lock:  # gc cannot drop the body between loading and holding it
+            attr, extents = self._read(fn, gen)
+            release = self._hold_content(attr.content_id)
         return FileReader(extents, attr.size, self.read_chunk, release)
 
     def _hold_content(self, cid: int | None) -> Callable[[], None]:
@@ -321,8 +339,9 @@ class Store:
                     raise IsADirectory(f"inode {ino} is not a regular file")
                 return attr, load_extents(conn, attr.content_id)
 
-            attr, extents = self._read(fn, None)
-            self._session_holds[ino] = self._hold_content(attr.content_id)
+            with self.index.gc_lock:
+                attr, extents = self._read(fn, None)
+                self._session_holds[ino] = self._hold_content(attr.content_id)
             session = WriteSession(
                 ino,
                 extents,
@@ -396,7 +415,15 @@ class Store:
             del vid
             return ns.getattr_(txn.conn, session.ino, txn.gen), stored
 
-        return self._change("commit", fn)
+        attr, stored = self._change("commit", fn)
+        if attr is not None:  # the session goes on from the new body: hold it instead of the old one
+            new_hold = self._hold_content(attr.content_id)
+            with self._mutex:
+                old_hold = self._session_holds.get(session.ino)
+                self._session_holds[session.ino] = new_hold
+            if old_hold is not None:
+                old_hold()
+        return attr, stored
 
     # -- conveniences for the CLI and tests --------------------------------------------------
 
@@ -446,6 +473,7 @@ class Store:
         def fn(txn: Txn) -> None:
             if txn.execute("DELETE FROM snapshots WHERE name=?", (name,)).rowcount == 0:
                 raise NotFound(f"no snapshot named {name!r}")
+            txn.gen  # a change to the catalog: bump the generation
 
         self._change("snapshot-delete", fn)
 
@@ -477,6 +505,7 @@ class Store:
         cutoff = time.time_ns() - keep_within_ns
 
         def fn(txn: Txn) -> int:
+            txn.gen  # expiry is a committed change: bump the generation
             hidden = (
                 "death_gen != {live} AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.gen >= {t}.birth_gen AND s.gen < {t}.death_gen)"
                 " AND (SELECT time_ns FROM generations g WHERE g.gen = {t}.death_gen) <= ?"
