@@ -167,6 +167,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .fs.mount import mount
+
+    return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
+                 auto_snapshot=args.auto_snapshot, debug=args.debug)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from .fs.mount import umount
+
+    return umount(args.mountpoint)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cowfs",
@@ -181,6 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file: pwrite+fdatasync (NVMe, SSD); pmem: mmap + cache-line flush (persistent memory)")
     s.add_argument("--segment-size", metavar="SIZE", help="log segment size, e.g. 256M (default 256M, min 4M)")
     s.set_defaults(fn=cmd_init)
+
+    s = sub.add_parser("mount", help="mount a store", description="Mount STORE on MOUNTPOINT. Returns once the mount is live; "
+                       "the daemon runs in the background and logs to STORE/cowfs.log.",
+                       epilog="example: cowfs mount /nvme/store /mnt/ckpt --auto-snapshot 10m")
+    s.add_argument("store")
+    s.add_argument("mountpoint", help="an existing, empty directory")
+    s.add_argument("--foreground", action="store_true", help="stay in the foreground and log to stderr too")
+    s.add_argument("--allow-other", action="store_true", help="let other users access the mount (FUSE allow_other)")
+    s.add_argument("--auto-snapshot", metavar="INTERVAL", help="take a snapshot every INTERVAL (e.g. 10m) when no file is open for writing")
+    s.add_argument("--debug", action="store_true", help="log every commit")
+    s.set_defaults(fn=cmd_mount)
+
+    s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",
+                       epilog="example: cowfs umount /mnt/ckpt")
+    s.add_argument("mountpoint")
+    s.set_defaults(fn=cmd_umount)
 
     s = sub.add_parser("fsck", help="check a store", description="Check every record checksum, every reference and the space accounting. Exit 0 when clean, 1 when not.",
                        epilog="example: cowfs fsck /data/store --repair")

@@ -1,0 +1,79 @@
+"""Open files: read handles on a committed version, write handles sharing one session per inode."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..store import Attr, Store
+from ..store.content import FileReader
+from ..store.session import WriteSession
+
+
+@dataclass
+class SharedSession:
+    session: WriteSession
+    handles: set[int] = field(default_factory=set)
+
+
+@dataclass
+class OpenFile:
+    fh: int
+    fuse_ino: int
+    store_ino: int
+    writable: bool
+    reader: FileReader | None = None  # read-only handles
+    shared: SharedSession | None = None  # writable handles
+    attr: Attr | None = None  # last known attributes, served after an unlink until release
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.shared is not None:
+            return self.shared.session.read(offset, size)
+        assert self.reader is not None
+        return self.reader.read(offset, size)
+
+
+class HandleTable:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._ids = itertools.count(1)
+        self.files: dict[int, OpenFile] = {}
+        self.sessions: dict[int, SharedSession] = {}  # store ino -> session
+
+    def open_reader(self, fuse_ino: int, store_ino: int, reader: FileReader) -> OpenFile:
+        f = OpenFile(next(self._ids), fuse_ino, store_ino, False, reader=reader)
+        self.files[f.fh] = f
+        return f
+
+    def open_writer(self, fuse_ino: int, store_ino: int) -> OpenFile:
+        shared = self.sessions.get(store_ino)
+        if shared is None:
+            shared = SharedSession(self._store.open_session(store_ino).session)
+            self.sessions[store_ino] = shared
+        f = OpenFile(next(self._ids), fuse_ino, store_ino, True, shared=shared)
+        shared.handles.add(f.fh)
+        self.files[f.fh] = f
+        return f
+
+    def writers_open(self) -> bool:
+        return bool(self.sessions)
+
+    def dirty_session(self, store_ino: int) -> WriteSession | None:
+        shared = self.sessions.get(store_ino)
+        return shared.session if shared is not None and shared.session.dirty else None
+
+    def session(self, store_ino: int) -> WriteSession | None:
+        shared = self.sessions.get(store_ino)
+        return shared.session if shared is not None else None
+
+    def close(self, fh: int) -> tuple[OpenFile, WriteSession | None]:
+        """Forget a handle; returns the session if this was its last handle (the caller commits and closes it)."""
+        f = self.files.pop(fh)
+        last = None
+        if f.shared is not None:
+            f.shared.handles.discard(fh)
+            if not f.shared.handles:
+                self.sessions.pop(f.store_ino, None)
+                last = f.shared.session
+        elif f.reader is not None:
+            f.reader.close()
+        return f, last

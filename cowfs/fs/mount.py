@@ -1,0 +1,254 @@
+"""`cowfs mount` and `cowfs umount`: the daemon's life.
+
+mount checks its inputs, forks (unless --foreground), and returns only once the
+daemon reports that the filesystem is live, or with the daemon's one-line
+error. The daemon owns the store (its flock), logs to STORE/cowfs.log, and on
+SIGTERM, SIGINT or an unmount commits what is open, unmounts and exits.
+umount finds the daemon through the mount table and the store's lock file,
+asks it to stop, and waits for it to exit.
+"""
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from ..errors import Busy, CowfsError, StoreError
+from ..store import Store
+from ..store.layout import LOCK_FILE, read_config
+from .operations import CowfsOperations, in_thread
+
+log = logging.getLogger("cowfs.mount")
+LOG_FILE = "cowfs.log"
+FSNAME_PREFIX = "cowfs:"
+
+
+class MountError(CowfsError):
+    errno = errno.EINVAL
+
+
+def parse_interval(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            value = float(t[:-1]) * units[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise MountError(f"not an interval: {text!r} (use e.g. 30s, 10m, 1h)") from None
+    if value < 1:
+        raise MountError("the auto-snapshot interval must be at least 1s")
+    return value
+
+
+def mounted_cowfs() -> dict[str, str]:
+    """Mountpoint -> store path of every live cowfs mount (from /proc/self/mountinfo)."""
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = right.split()
+            if len(fields) >= 2 and fields[0] == "fuse.cowfs" and fields[1].startswith(FSNAME_PREFIX):
+                mnt = left.split()[4].encode().decode("unicode_escape")
+                out[mnt] = fields[1][len(FSNAME_PREFIX):].encode().decode("unicode_escape")
+    return out
+
+
+def check_mount_inputs(store: Path, mountpoint: Path) -> None:
+    if not Path("/dev/fuse").exists():
+        raise MountError("/dev/fuse does not exist: FUSE is not available on this machine")
+    read_config(store)
+    if not mountpoint.exists():
+        raise MountError(f"{mountpoint}: mountpoint does not exist")
+    if not mountpoint.is_dir():
+        raise MountError(f"{mountpoint}: mountpoint is not a directory")
+    if str(mountpoint) in mounted_cowfs() or os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint}: something is already mounted there")
+    if any(mountpoint.iterdir()):
+        raise MountError(f"{mountpoint}: mountpoint is not empty")
+    fd = os.open(store / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        raise Busy(f"{store}: store is already mounted or in use (pid {holder or '?'})") from None
+    finally:
+        os.close(fd)
+
+
+def _setup_logging(store: Path, foreground: bool, debug: bool) -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    fh = logging.FileHandler(store / LOG_FILE)
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    if foreground:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        root.addHandler(sh)
+
+
+async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        while ops.handles.writers_open():  # a moment when no file is open for writing
+            await trio.sleep(0.5)
+        name = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            await in_thread(ops.store.snapshot_create, name)
+            log.info("auto-snapshot %s", name)
+        except CowfsError as e:
+            log.warning("auto-snapshot %s: %s", name, e)
+
+
+async def _serve(ops: CowfsOperations, auto_snapshot: float | None) -> None:
+    async with trio.open_nursery() as nursery:
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    log.info("signal %d: committing open files and unmounting", sig)
+                    await ops.commit_all()
+                    pyfuse3.terminate()
+                    return
+
+        nursery.start_soon(on_signals)
+        if auto_snapshot:
+            nursery.start_soon(_auto_snapshot, ops, auto_snapshot)
+        await pyfuse3.main()
+        await ops.commit_all()
+        nursery.cancel_scope.cancel()
+
+
+def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
+               auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None) -> int:
+    """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd."""
+    store = Store.open(store_path)
+    try:
+        _setup_logging(store.root, foreground, debug)
+        ops = CowfsOperations(store)
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname={FSNAME_PREFIX}{store.root}", "subtype=cowfs"}
+        if allow_other:
+            options.add("allow_other")
+        pyfuse3.init(ops, str(mountpoint), options)
+        log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
+        if ready_fd is not None:
+            os.write(ready_fd, b"OK\n")
+            os.close(ready_fd)
+        try:
+            trio.run(_serve, ops, auto_snapshot)
+        finally:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", mountpoint)
+    finally:
+        store.close()
+    return 0
+
+
+def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
+          auto_snapshot: str | None = None, debug: bool = False) -> int:
+    store_path = Path(store).absolute()
+    mnt = Path(mountpoint).absolute()
+    interval = parse_interval(auto_snapshot) if auto_snapshot else None
+    check_mount_inputs(store_path, mnt)
+    if foreground:
+        return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(r)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        code = 0
+        try:
+            run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
+                       debug=debug, ready_fd=w)
+        except BaseException as e:  # tell the parent, in one line
+            code = 2
+            try:
+                os.write(w, f"ERR {e}\n".encode())
+            except OSError:
+                pass
+            logging.getLogger("cowfs.mount").exception("daemon failed")
+        os._exit(code)
+    os.close(w)
+    msg = b""
+    while True:
+        part = os.read(r, 4096)
+        if not part:
+            break
+        msg += part
+        if msg.endswith(b"\n"):
+            break
+    os.close(r)
+    text = msg.decode(errors="replace").strip()
+    if text == "OK":
+        print(f"mounted {store_path} on {mnt} (daemon pid {pid})")
+        return 0
+    os.waitpid(pid, 0)
+    raise MountError(text[4:] if text.startswith("ERR ") else f"the daemon exited before the mount was live ({text or 'no message'})")
+
+
+def _daemon_pid(store: Path) -> int | None:
+    try:
+        text = (store / LOCK_FILE).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def umount(mountpoint: str, timeout: float = 120.0) -> int:
+    mnt = str(Path(mountpoint).absolute())
+    mounts = mounted_cowfs()
+    if mnt not in mounts:
+        if not Path(mnt).exists():
+            raise MountError(f"{mnt}: no such directory")
+        raise MountError(f"{mnt}: no cowfs filesystem is mounted there")
+    store = Path(mounts[mnt])
+    pid = _daemon_pid(store)
+    if pid is None or not _alive(pid):
+        # the daemon is gone (killed): only the kernel's mount is left
+        subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+        print(f"unmounted {mnt} (its daemon was not running)")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise MountError(f"{mnt}: the daemon (pid {pid}) did not exit within {timeout:.0f}s")
+        time.sleep(0.05)
+    if mnt in mounted_cowfs():
+        subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+    print(f"unmounted {mnt}")
+    return 0
+
+
+__all__ = ["mount", "umount", "run_daemon", "StoreError"]
