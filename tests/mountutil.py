@@ -1,0 +1,74 @@
+"""Real mounts for tests: a context manager that always unmounts and stops its daemon."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from cowfs.fs.mount import mounted_cowfs
+
+from storeutil import assert_clean
+
+
+def cowfs(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and r.returncode != 0:
+        raise AssertionError(f"cowfs {' '.join(args)} failed ({r.returncode}): {r.stderr.decode()}")
+    return r
+
+
+def daemon_pid(store: Path) -> int:
+    return int((store / "lock").read_text().strip())
+
+
+def force_unmount(mnt: Path) -> None:
+    """Best effort, for cleanup after a failure or a kill -9: lazy unmount."""
+    if str(mnt) in mounted_cowfs():
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
+def mounted(store: Path, mnt: Path, *extra: str) -> Iterator[Path]:
+    """Mount `store` on `mnt` (created if missing) for the body; unmount however the body ends."""
+    mnt.mkdir(exist_ok=True)
+    cowfs("mount", str(store), str(mnt), *extra)
+    pid = daemon_pid(store)
+    try:
+        yield mnt
+    finally:
+        if str(mnt) in mounted_cowfs():
+            r = cowfs("umount", str(mnt), check=False)
+            if r.returncode != 0:
+                force_unmount(mnt)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            force_unmount(mnt)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def kill9(store: Path, mnt: Path) -> None:
+    """kill -9 the daemon of `store` and lazily unmount what it leaves behind."""
+    pid = daemon_pid(store)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    force_unmount(mnt)
+
+
+__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid"]

@@ -1,0 +1,118 @@
+"""Mount lifecycle and basic POSIX semantics through a real mount."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from cowfs.store import Store
+
+from mountutil import cowfs, kill9, mounted
+from storeutil import assert_clean, data, new_store
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture
+def store(tmp_path):
+    p = new_store(tmp_path / "store", segment_size=16 << 20)
+    yield p
+    assert_clean(p)
+
+
+def test_mount_errors_are_one_line_exit_2(store, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    cases = [
+        (("mount", str(tmp_path / "nostore"), str(tmp_path)), "no such directory"),
+        (("mount", str(store), str(tmp_path / "missing")), "does not exist"),
+        (("mount", str(store), str(tmp_path / "full")), "not empty"),
+    ]
+    for args, msg in cases:
+        r = cowfs(*args, check=False)
+        assert r.returncode == 2 and msg in r.stderr.decode() and r.stderr.decode().count("\n") == 1, r.stderr
+    with mounted(store, tmp_path / "m1"):
+        (tmp_path / "m2").mkdir()
+        r = cowfs("mount", str(store), str(tmp_path / "m2"), check=False)
+        assert r.returncode == 2 and "already mounted" in r.stderr.decode()
+    r = cowfs("umount", str(tmp_path / "m1"), check=False)
+    assert r.returncode == 2 and "no cowfs filesystem" in r.stderr.decode()
+
+
+def test_posix_semantics(store, tmp_path):
+    with mounted(store, tmp_path / "mnt") as m:
+        (m / "d").mkdir()
+        with open(m / "d" / "f", "wb") as f:
+            f.write(b"hello")
+        st = os.stat(m / "d" / "f")
+        assert st.st_size == 5 and st.st_nlink == 1
+        dir_mtime = os.stat(m / "d").st_mtime_ns
+        os.rename(m / "d" / "f", m / "d" / "g")
+        assert os.stat(m / "d").st_mtime_ns >= dir_mtime
+        with pytest.raises(OSError) as e:
+            os.rmdir(m / "d")
+        assert e.value.errno == errno.ENOTEMPTY
+        os.symlink("g", m / "d" / "last")
+        assert os.readlink(m / "d" / "last") == "g" and (m / "d" / "last").read_bytes() == b"hello"
+        os.chmod(m / "d" / "g", 0o600)
+        os.utime(m / "d" / "g", ns=(1, 2_000_000_000))
+        st = os.stat(m / "d" / "g")
+        assert st.st_mode & 0o777 == 0o600 and st.st_mtime_ns == 2_000_000_000
+        with open(m / "d" / "g", "r+b") as f:
+            f.truncate(2)
+            f.seek(10)
+            f.write(b"x")
+        assert (m / "d" / "g").read_bytes() == b"he" + bytes(8) + b"x"
+        fd = os.open(m / "d" / "g", os.O_RDWR)
+        os.posix_fallocate(fd, 0, 100)
+        os.close(fd)
+        assert os.stat(m / "d" / "g").st_size == 100
+        st = os.statvfs(m)
+        assert st.f_blocks > 0
+        assert sorted(os.listdir(m)) == ["d"]  # .snapshots is not listed ...
+        assert os.path.isdir(m / ".snapshots")  # ... but can be entered
+        os.mkdir(m / ".snapshots" / "one")
+        assert os.listdir(m / ".snapshots") == ["one"]
+        for op in (lambda: open(m / ".snapshots" / "one" / "d" / "g", "wb"),
+                   lambda: os.mkdir(m / ".snapshots" / "one" / "x"),
+                   lambda: os.rename(m / ".snapshots" / "one" / "d" / "g", m / ".snapshots" / "one" / "d" / "h"),
+                   lambda: os.unlink(m / ".snapshots" / "one" / "d" / "g")):
+            with pytest.raises(OSError) as e:
+                op()
+            assert e.value.errno == errno.EROFS
+        os.unlink(m / "d" / "last")
+        os.unlink(m / "d" / "g")
+        os.rmdir(m / "d")
+        assert (m / ".snapshots" / "one" / "d" / "g").read_bytes()[:2] == b"he"
+        os.rmdir(m / ".snapshots" / "one")
+        assert os.listdir(m / ".snapshots") == []
+
+
+def test_close_commits_and_survives_remount(store, tmp_path):
+    blob = data(5_000_000, 1)
+    with mounted(store, tmp_path / "mnt") as m:
+        (m / "a.bin").write_bytes(blob)
+        (m / "b.bin").write_bytes(blob)  # dedups with a.bin
+    with Store.open(store) as s:
+        st = s.stats()
+        assert st["stored_bytes"] == len(blob) and st["logical_bytes"] == 2 * len(blob)
+    with mounted(store, tmp_path / "mnt") as m:
+        assert (m / "a.bin").read_bytes() == blob and (m / "b.bin").read_bytes() == blob
+
+
+def test_kill9_mid_write_leaves_previous_version(store, tmp_path):
+    old, new = data(3_000_000, 1), data(6_000_000, 2)
+    mnt = tmp_path / "mnt"
+    with mounted(store, mnt) as m:
+        (m / "model.pt").write_bytes(old)
+        f = open(m / "model.pt", "wb")  # O_TRUNC, like torch.save
+        f.write(new[:4_000_000])
+        f.flush()
+        kill9(store, mnt)
+        try:
+            f.close()
+        except OSError:
+            pass
+    with mounted(store, mnt) as m:
+        assert (m / "model.pt").read_bytes() == old
