@@ -126,8 +126,7 @@ def _gen_of(store: Store, args: argparse.Namespace) -> int | None:
 
 def cmd_log(args: argparse.Namespace) -> int:
     with Store.open(args.store) as store:
-        attr = store.resolve(args.path)
-        versions = store.history(attr.ino)
+        versions = store.history(args.path)
     rows = [
         {"generation": v.birth_gen, "time": _time(v.time_ns), "size": v.size, "added_bytes": v.added_bytes, "current": v.death_gen is None}
         for v in versions

@@ -106,7 +106,8 @@ def test_history_and_snapshots_read_old_trees(path):
         with pytest.raises(Exception):
             s.snapshot_create("a/b")
         hist = s.history(s.resolve("/ck/model.pt", snap1.gen).ino)
-        assert [v.size for v in hist] == [300_000, 300_000, 0]
+        assert [v.size for v in hist] == [300_000, 300_000]
+        assert [v.vid for v in s.history("/ck/model.pt")] == [v.vid for v in hist]
         assert hist[0].added_bytes == 300_000 and hist[0].death_gen is not None
         # history not in any snapshot goes at expiry; the snapshot keeps its version
         s.expire_history()
@@ -345,3 +346,16 @@ def test_reader_survives_delete_and_gc(path):
             assert r.read(0, 500_000) == data(500_000, 3)
         s.gc()
         assert s.stats()["stored_bytes"] == 0
+
+
+def test_history_of_a_path_follows_renames_over_it(path):
+    with Store.open(path) as s:
+        for i in range(3):  # the safetensors / torch.distributed.checkpoint pattern
+            tmp = s.create(ROOT_INO, b"model.tmp")
+            with s.open_session(tmp.ino) as w:
+                w.write(0, data(100_000, i))
+                w.commit()
+            s.rename(ROOT_INO, b"model.tmp", ROOT_INO, b"model.safetensors")
+        hist = s.history("/model.safetensors")
+        assert [v.size for v in hist] == [100_000] * 3
+        assert hist[0].death_gen is None and all(v.death_gen is not None for v in hist[1:])

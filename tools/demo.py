@@ -1,15 +1,19 @@
-"""`make demo`: a real checkpoint series through cowfs, then what it stored.
+"""`make demo`: a real checkpoint series through a cowfs mount, then what it stored.
 
-Creates a store in a temporary directory, trains a small transformer on the CPU
-for a few steps at a time and saves checkpoints the way people do (torch.save
-of the model, of model + AdamW state, and safetensors of a model whose backbone
-is frozen), takes snapshots, and prints the stats, the snapshots and the
-history of one file. Until the FUSE mount exists (issue 3) the checkpoints go
-through the engine's Python API, not a mount point.
+Creates a store in a temporary directory and mounts it. A small transformer
+trains on the CPU, and the loop saves checkpoints into the mount the way people
+do: torch.save of model + AdamW state and safetensors of the model, in HF
+Trainer's `checkpoint-N/` layout with `trainer_state.json` last. It keeps the
+newest two (`shutil.rmtree` of the oldest) and takes a snapshot with
+`mkdir .snapshots/NAME` after each save. Then it fine-tunes only the head and
+saves again. At the end it shows the snapshot directories, where removed
+checkpoints are still readable, then `cowfs stats`, a file's history, fsck,
+and it unmounts.
 """
 from __future__ import annotations
 
-import io
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,9 +22,8 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as safetensors_save
-
-from cowfs.store import ROOT_INO, Store
+from safetensors.torch import load_file as safetensors_load_file
+from safetensors.torch import save_file as safetensors_save_file
 
 
 class TinyGPT(torch.nn.Module):
@@ -50,57 +53,64 @@ def train_steps(model: TinyGPT, opt: torch.optim.Optimizer, steps: int) -> float
     return float(loss.detach())
 
 
-def save_bytes(obj: object) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def cli(store: Path, *args: str) -> None:
+def cli(*args: str) -> None:
     print(f"$ cowfs {' '.join(args)}", flush=True)
     subprocess.run([sys.executable, "-m", "cowfs.cli", *args], check=True)
+
+
+def save_checkpoint(ck: Path, model: TinyGPT, opt: torch.optim.Optimizer, step: int, loss: float) -> None:
+    ck.mkdir()
+    safetensors_save_file({k: v.contiguous() for k, v in model.state_dict().items()}, ck / "model.safetensors")
+    torch.save(opt.state_dict(), ck / "optimizer.pt")
+    torch.save({"step": step}, ck / "scheduler.pt")
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": step, "loss": loss}))
 
 
 def main() -> int:
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="cowfs-demo-"))
-    store_path = tmp / "store"
+    store, mnt = tmp / "store", tmp / "mnt"
+    mnt.mkdir()
     try:
-        Store.init(store_path, segment_size=64 << 20)
-        model = TinyGPT()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        with Store.open(store_path) as store:
-            run = store.mkdir(ROOT_INO, b"run1")
-            for step in range(1, 5):
+        cli("init", str(store), "--segment-size", "64M")
+        cli("mount", str(store), str(mnt))
+        try:
+            out = mnt / "run1"
+            out.mkdir()
+            model = TinyGPT()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            for step in (100, 200, 300, 400):
                 loss = train_steps(model, opt, 2)
                 t = time.monotonic()
-                name = f"checkpoint-{step * 2}"
-                ck = store.mkdir(run.ino, name.encode())
-                full = save_bytes({"model": model.state_dict(), "optim": opt.state_dict(), "step": step * 2})
-                store.write_file(f"/run1/{name}/full.pt", full)
-                store.write_file(f"/run1/{name}/model.pt", save_bytes(model.state_dict()))
-                store.write_file(f"/run1/{name}/trainer_state.json", f'{{"step": {step * 2}, "loss": {loss:.4f}}}'.encode())
-                store.snapshot_create(f"step-{step * 2}")
-                print(f"step {step * 2}: loss {loss:.3f}, saved {len(full) / 2**20:.1f} MiB + model in {time.monotonic() - t:.2f}s", flush=True)
-                del ck
-            # frozen backbone: only the head trains, so most chunks repeat
+                save_checkpoint(out / f"checkpoint-{step}", model, opt, step, loss)
+                took = time.monotonic() - t
+                kept = sorted(out.glob("checkpoint-*"), key=os.path.getmtime)
+                for old in kept[:-2]:
+                    shutil.rmtree(old)  # HF Trainer's rotation
+                (mnt / ".snapshots" / f"step-{step}").mkdir()
+                print(f"step {step}: loss {loss:.3f}, checkpoint saved in {took:.2f}s, snapshot step-{step}", flush=True)
+            # fine-tune only the head: most chunks of the next saves repeat
             for p in model.parameters():
                 p.requires_grad_(False)
             model.head.weight.requires_grad_(True)
             head_opt = torch.optim.AdamW([model.head.weight], lr=1e-3)
-            for step in range(1, 4):
-                train_steps(model, head_opt, 1)
-                store.write_file("/run1/frozen.safetensors", safetensors_save({k: v.contiguous() for k, v in model.state_dict().items()}))
-            frozen = store.resolve("/run1/frozen.safetensors")
-            print("\nhistory of /run1/frozen.safetensors (bytes each version added):")
-            for v in store.history(frozen.ino):
-                print(f"  generation {v.birth_gen}: size {v.size}, added {v.added_bytes}")
-        print()
-        cli(store_path, "stats", str(store_path))
-        cli(store_path, "snapshot", "list", str(store_path))
-        cli(store_path, "ls", str(store_path), "/run1/checkpoint-2", "--snapshot", "step-2")
-        cli(store_path, "fsck", str(store_path))
+            for step in (500, 600):
+                loss = train_steps(model, head_opt, 1)
+                safetensors_save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "head-tuned.safetensors")
+                print(f"step {step}: head-only fine-tune saved to run1/head-tuned.safetensors", flush=True)
+            print("\nlive tree:", sorted(p.name for p in out.iterdir()))
+            print("snapshots:", sorted(os.listdir(mnt / ".snapshots")))
+            first = mnt / ".snapshots" / "step-100" / "run1" / "checkpoint-100" / "model.safetensors"
+            restored = safetensors_load_file(first)
+            print(f"checkpoint-100 was removed from the live tree; its snapshot still loads: {len(restored)} tensors")
+        finally:
+            cli("umount", str(mnt))
+        cli("stats", str(store))
+        cli("log", str(store), "/run1/head-tuned.safetensors")
+        cli("fsck", str(store))
     finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

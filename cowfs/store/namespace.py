@@ -143,6 +143,21 @@ def paths_of(conn: sqlite3.Connection, ino: int, gen: int | None = None) -> list
     return sorted(set(out))
 
 
+def inodes_ever_at(conn: sqlite3.Connection, path: str | bytes) -> list[int]:
+    """Every inode that was named `path` at some generation (files written to a temp name and
+    renamed over the path are different inodes with one history)."""
+    raw = path.encode() if isinstance(path, str) else path
+    cands = {ROOT_INO}
+    for part in raw.split(b"/"):
+        if not part or part == b".":
+            continue
+        q = "SELECT DISTINCT ino FROM dentries WHERE name=? AND parent IN (%s)" % ",".join("?" * len(cands))
+        cands = {r[0] for r in conn.execute(q, (part, *cands))}
+        if not cands:
+            raise NotFound(f"{raw.decode(errors='replace')}: never existed (or its history was pruned)")
+    return sorted(cands)
+
+
 # -- changes to the live tree -----------------------------------------------------
 
 

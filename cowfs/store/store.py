@@ -477,13 +477,20 @@ class Store:
 
         self._change("snapshot-delete", fn)
 
-    def history(self, ino: int) -> list[VersionInfo]:
+    def history(self, target: int | str | bytes) -> list[VersionInfo]:
+        """Content versions, newest first, of an inode or of a path (across every inode
+        that was ever named so: write-to-temp-then-rename keeps one history)."""
+
         def fn(conn):  # type: ignore[no-untyped-def]
+            inos = [target] if isinstance(target, int) else ns.inodes_ever_at(conn, target)
             rows = conn.execute(
                 "SELECT v.vid, v.birth_gen, v.death_gen, g.time_ns, v.size, v.mode, v.content_id, v.data_gen"
                 " FROM versions v LEFT JOIN generations g ON g.gen = v.birth_gen"
-                " WHERE v.ino=? ORDER BY v.birth_gen DESC",
-                (ino,),
+                " WHERE v.ino IN (%s) AND (v.data_gen = v.birth_gen OR v.death_gen = ?)"
+                # the empty body a create makes before the first write is not a version anyone saved
+                " AND NOT (v.size = 0 AND g.op = 'create' AND v.death_gen != ?)"
+                " ORDER BY v.birth_gen DESC" % ",".join("?" * len(inos)),
+                (*inos, LIVE, LIVE),
             ).fetchall()
             out = []
             for vid, birth, death, t, size, mode, content_id, data_gen in rows:
