@@ -359,3 +359,12 @@ def test_history_of_a_path_follows_renames_over_it(path):
         hist = s.history("/model.safetensors")
         assert [v.size for v in hist] == [100_000] * 3
         assert hist[0].death_gen is None and all(v.death_gen is not None for v in hist[1:])
+
+
+def test_metadata_changes_do_not_count_as_logical_bytes(path):
+    with Store.open(path) as s:
+        a = s.write_file("/f", data(1 << 20, 1))
+        s.setattr(a.ino, mode=0o600)
+        s.setattr(a.ino, mtime_ns=123)
+        st = s.stats()
+        assert st["logical_bytes"] == 1 << 20 and st["versions"] == 1 and st["dedup_ratio"] == 1.0

@@ -33,6 +33,8 @@ class OpenFile:
 
 
 class HandleTable:
+    """Open files and shared sessions. Used only from the trio thread."""
+
     def __init__(self, store: Store) -> None:
         self._store = store
         self._ids = itertools.count(1)
@@ -44,10 +46,12 @@ class HandleTable:
         self.files[f.fh] = f
         return f
 
-    def open_writer(self, fuse_ino: int, store_ino: int) -> OpenFile:
+    def open_writer(self, fuse_ino: int, store_ino: int, new_session: WriteSession | None = None) -> OpenFile:
+        """A writable handle on the inode's shared session (`new_session` if there is none yet)."""
         shared = self.sessions.get(store_ino)
         if shared is None:
-            shared = SharedSession(self._store.open_session(store_ino).session)
+            assert new_session is not None
+            shared = SharedSession(new_session)
             self.sessions[store_ino] = shared
         f = OpenFile(next(self._ids), fuse_ino, store_ino, True, shared=shared)
         shared.handles.add(f.fh)

@@ -68,6 +68,7 @@ class CowfsOperations(pyfuse3.Operations):
         self.views = ViewTable()
         self.handles = HandleTable(store)
         self._dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]]] = {}
+        self._writer_open_lock = trio.Lock()
         self._dir_ids = 0
 
     # -- attributes --------------------------------------------------------------
@@ -272,8 +273,12 @@ class CowfsOperations(pyfuse3.Operations):
 
     # -- files -------------------------------------------------------------------------
 
-    def _open_writer(self, fuse_ino: int, ino: int, truncate: bool) -> OpenFile:
-        f = self.handles.open_writer(fuse_ino, ino)
+    async def _open_writer(self, fuse_ino: int, ino: int, truncate: bool) -> OpenFile:
+        async with self._writer_open_lock:  # one session per inode, even when opens race
+            session = None
+            if self.handles.session(ino) is None:
+                session = (await in_thread(self.store.open_session, ino)).session
+            f = self.handles.open_writer(fuse_ino, ino, session)
         f.attr = self.store.getattr(ino)
         if truncate:
             f.shared.session.truncate(0)  # type: ignore[union-attr]
@@ -288,13 +293,15 @@ class CowfsOperations(pyfuse3.Operations):
         if writable:
             if not view.live:
                 raise pyfuse3.FUSEError(errno.EROFS)
-            f = await in_thread(self._open_writer, inode, ino, bool(flags & os.O_TRUNC))
+            f = await self._open_writer(inode, ino, bool(flags & os.O_TRUNC))
             return pyfuse3.FileInfo(fh=f.fh, keep_cache=True)
-        pending = view.live and self.handles.dirty_session(ino) is not None
+        # With the writeback cache a writer's uncommitted bytes live in the kernel's page cache of
+        # the inode, shared by every open: while a writer has the file open, a new reader bypasses
+        # that cache and reads the committed version from the log.
+        pending = view.live and self.handles.session(ino) is not None
         reader = await in_thread(self.store.open_reader, ino, view.gen)
         f = self.handles.open_reader(inode, ino, reader)
         f.attr = await in_thread(self.store.getattr, ino, view.gen)
-        # while a writer has uncommitted data the page cache holds it: read the committed version past the cache
         return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=not view.live)
 
     @translate_errors
@@ -303,7 +310,7 @@ class CowfsOperations(pyfuse3.Operations):
         parent = self._live(parent_inode)
         attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
         fuse_ino = ViewTable.encode(LIVE_VIEW, attr.ino)
-        f = await in_thread(self._open_writer, fuse_ino, attr.ino, False)
+        f = await self._open_writer(fuse_ino, attr.ino, False)
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
 
     @translate_errors
@@ -343,7 +350,8 @@ class CowfsOperations(pyfuse3.Operations):
         finally:
             _, last = self.handles.close(fh)
             if last is not None:
-                await in_thread(last.close)
+                last.close()  # committed already: this only drops pins, so it is quick and stays
+                # on this thread, leaving no moment where the table and the store disagree
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -541,8 +541,10 @@ class Store:
 
     def stats(self) -> dict[str, float | int]:
         def fn(conn):  # type: ignore[no-untyped-def]
+            # a metadata-only version (chmod, utimens) shares its body: count each body once per file
             logical, versions = conn.execute(
-                "SELECT coalesce(sum(size), 0), count(*) FROM versions WHERE content_id IS NOT NULL OR mode & 0xF000 = 0x8000"
+                "SELECT coalesce(sum(size), 0), count(*) FROM"
+                " (SELECT DISTINCT ino, content_id, size FROM versions WHERE content_id IS NOT NULL)"
             ).fetchone()
             stored, chunks = conn.execute("SELECT coalesce(sum(raw_len), 0), count(*) FROM chunks").fetchone()
             files = conn.execute(
