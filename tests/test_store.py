@@ -368,3 +368,14 @@ def test_metadata_changes_do_not_count_as_logical_bytes(path):
         s.setattr(a.ino, mtime_ns=123)
         st = s.stats()
         assert st["logical_bytes"] == 1 << 20 and st["versions"] == 1 and st["dedup_ratio"] == 1.0
+
+
+def test_session_mtime_goes_into_the_committed_version(path):
+    with Store.open(path) as s:
+        f = s.write_file("/f", b"x")
+        gen = s.generation
+        with s.open_session(f.ino) as w:
+            w.write(0, b"yy")
+            w.mtime_ns = 1_234_000_000_000
+            attr = w.commit()
+        assert attr.mtime_ns == 1_234_000_000_000 and s.generation == gen + 1

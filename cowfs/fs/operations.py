@@ -168,6 +168,12 @@ class CowfsOperations(pyfuse3.Operations):
         uid = attr.st_uid if fields.update_uid else None
         gid = attr.st_gid if fields.update_gid else None
         mtime = attr.st_mtime_ns if fields.update_mtime else None
+        session = self.handles.dirty_session(ino)
+        if mtime is not None and session is not None and mode is None and uid is None and gid is None:
+            # the kernel's mtime update before a close (writeback cache): it goes into the
+            # version the coming FLUSH commits, not into a catalog transaction of its own
+            session.mtime_ns = mtime
+            mtime = None
         if mode is not None or uid is not None or gid is not None or mtime is not None:
             new = await in_thread(lambda: self.store.setattr(ino, mode=mode, uid=uid, gid=gid, mtime_ns=mtime))
         else:

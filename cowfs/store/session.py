@@ -125,6 +125,7 @@ class WriteSession:
         self.size = size
         self.base_end = size
         self.dirty = False
+        self.mtime_ns: int | None = None  # set by the caller to give the next version this mtime
         self.writer = ChunkWriter(self._log, self._index)
         self.overlay = Overlay(self._spill_dir)
         self.streaming = True

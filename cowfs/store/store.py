@@ -411,8 +411,8 @@ class Store:
             txn.conn.executemany(
                 "UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", [(v, k) for k, v in ends.items()]
             )
-            vid = ns.new_version(txn, row, size=size, mtime_ns=txn.now_ns, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
-            del vid
+            mtime = session.mtime_ns if session.mtime_ns is not None else txn.now_ns
+            ns.new_version(txn, row, size=size, mtime_ns=mtime, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
             return ns.getattr_(txn.conn, session.ino, txn.gen), stored
 
         attr, stored = self._change("commit", fn)
