@@ -379,3 +379,34 @@ def test_session_mtime_goes_into_the_committed_version(path):
             w.mtime_ns = 1_234_000_000_000
             attr = w.commit()
         assert attr.mtime_ns == 1_234_000_000_000 and s.generation == gen + 1
+
+
+def test_sessions_readers_and_gc_in_threads_do_not_deadlock(path):
+    import threading
+
+    with Store.open(path) as s:
+        f = s.write_file("/f", data(200_000, 1))
+        stop = time_limit = __import__("time").monotonic() + 3
+        errors: list[BaseException] = []
+
+        def loop(fn):
+            try:
+                while __import__("time").monotonic() < stop:
+                    fn()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        def session_cycle():
+            try:
+                s.open_session(f.ino).close()
+            except Busy:
+                pass
+
+        threads = [threading.Thread(target=loop, args=(fn,)) for fn in
+                   (session_cycle, lambda: s.open_reader(f.ino).close(), s.gc)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        assert not errors and time_limit

@@ -24,6 +24,7 @@ class OpenFile:
     reader: FileReader | None = None  # read-only handles
     shared: SharedSession | None = None  # writable handles
     attr: Attr | None = None  # last known attributes, served after an unlink until release
+    opener_pid: int = 0  # the process (thread) that opened it
 
     def read(self, offset: int, size: int) -> bytes:
         if self.shared is not None:

@@ -9,6 +9,7 @@ asks it to stop, and waits for it to exit.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import errno
 import fcntl
@@ -26,6 +27,7 @@ import trio
 from ..errors import Busy, CowfsError, StoreError
 from ..store import Store
 from ..store.layout import LOCK_FILE, read_config
+from .openers import mount_id
 from .operations import CowfsOperations, in_thread
 
 log = logging.getLogger("cowfs.mount")
@@ -87,6 +89,21 @@ def check_mount_inputs(store: Path, mountpoint: Path) -> None:
         os.close(fd)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(path: str) -> None:
+    """syncfs(2) on the filesystem at `path`. Unlike pyfuse3.syncfs this releases the GIL
+    (ctypes does), so the trio thread can serve the WRITE requests it waits for."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
 def _setup_logging(store: Path, foreground: bool, debug: bool) -> None:
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if debug else logging.INFO)
@@ -113,12 +130,18 @@ async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
             log.warning("auto-snapshot %s: %s", name, e)
 
 
-async def _serve(ops: CowfsOperations, auto_snapshot: float | None) -> None:
+async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for sig in signals:
                     log.info("signal %d: committing open files and unmounting", sig)
+                    # with the writeback cache, written bytes may still be in the kernel's page
+                    # cache: have it send them (served by this loop meanwhile), then commit
+                    try:
+                        await trio.to_thread.run_sync(syncfs, str(mountpoint))
+                    except OSError as e:
+                        log.warning("syncfs before unmount: %s", e)
                     await ops.commit_all()
                     pyfuse3.terminate()
                     return
@@ -143,12 +166,13 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         if allow_other:
             options.add("allow_other")
         pyfuse3.init(ops, str(mountpoint), options)
+        ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
         if ready_fd is not None:
             os.write(ready_fd, b"OK\n")
             os.close(ready_fd)
         try:
-            trio.run(_serve, ops, auto_snapshot)
+            trio.run(_serve, ops, mountpoint, auto_snapshot)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)

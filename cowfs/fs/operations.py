@@ -22,6 +22,7 @@ from ..errors import CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
 from ..store.store import validate_snapshot_name
 from .handles import HandleTable, OpenFile
+from .openers import holds_writable
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
 
 log = logging.getLogger("cowfs.fs")
@@ -69,6 +70,7 @@ class CowfsOperations(pyfuse3.Operations):
         self.handles = HandleTable(store)
         self._dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]]] = {}
         self._writer_open_lock = trio.Lock()
+        self.mount_id: int | None = None  # set once mounted; enables the forked-copy check at FLUSH
         self._dir_ids = 0
 
     # -- attributes --------------------------------------------------------------
@@ -279,13 +281,14 @@ class CowfsOperations(pyfuse3.Operations):
 
     # -- files -------------------------------------------------------------------------
 
-    async def _open_writer(self, fuse_ino: int, ino: int, truncate: bool) -> OpenFile:
+    async def _open_writer(self, fuse_ino: int, ino: int, truncate: bool, pid: int) -> OpenFile:
         async with self._writer_open_lock:  # one session per inode, even when opens race
             session = None
             if self.handles.session(ino) is None:
                 session = (await in_thread(self.store.open_session, ino)).session
             f = self.handles.open_writer(fuse_ino, ino, session)
         f.attr = self.store.getattr(ino)
+        f.opener_pid = pid
         if truncate:
             f.shared.session.truncate(0)  # type: ignore[union-attr]
         return f
@@ -299,7 +302,7 @@ class CowfsOperations(pyfuse3.Operations):
         if writable:
             if not view.live:
                 raise pyfuse3.FUSEError(errno.EROFS)
-            f = await self._open_writer(inode, ino, bool(flags & os.O_TRUNC))
+            f = await self._open_writer(inode, ino, bool(flags & os.O_TRUNC), ctx.pid)
             return pyfuse3.FileInfo(fh=f.fh, keep_cache=True)
         # With the writeback cache a writer's uncommitted bytes live in the kernel's page cache of
         # the inode, shared by every open: while a writer has the file open, a new reader bypasses
@@ -316,7 +319,7 @@ class CowfsOperations(pyfuse3.Operations):
         parent = self._live(parent_inode)
         attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
         fuse_ino = ViewTable.encode(LIVE_VIEW, attr.ino)
-        f = await self._open_writer(fuse_ino, attr.ino, False)
+        f = await self._open_writer(fuse_ino, attr.ino, False, ctx.pid)
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
 
     @translate_errors
@@ -342,7 +345,17 @@ class CowfsOperations(pyfuse3.Operations):
     @translate_errors
     async def flush(self, fh: int) -> None:
         # close() waits for FLUSH, not RELEASE: the new version must be durable here
-        await self._commit(self.handles.files[fh])
+        f = self.handles.files[fh]
+        if f.shared is None or not f.shared.session.dirty:
+            return
+        if self.mount_id is not None and f.opener_pid and await in_thread(
+            holds_writable, f.opener_pid, self.mount_id, f.fuse_ino
+        ):
+            # the opener still holds the file open: this FLUSH is from a copy of its
+            # descriptor (a forked child closing or exec'ing), not the writer's close
+            log.debug("flush of inode %d from a descriptor copy: not committing", f.store_ino)
+            return
+        await self._commit(f)
 
     @translate_errors
     async def fsync(self, fh: int, datasync: bool) -> None:

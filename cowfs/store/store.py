@@ -329,7 +329,8 @@ class Store:
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
-        with self._mutex:
+        # lock order everywhere: gc_lock, then _mutex (open_reader and gc take them so too)
+        with self.index.gc_lock, self._mutex:
             if ino in self._sessions:
                 raise Busy(f"inode {ino} already has a write session")
 
@@ -339,9 +340,8 @@ class Store:
                     raise IsADirectory(f"inode {ino} is not a regular file")
                 return attr, load_extents(conn, attr.content_id)
 
-            with self.index.gc_lock:
-                attr, extents = self._read(fn, None)
-                self._session_holds[ino] = self._hold_content(attr.content_id)
+            attr, extents = self._read(fn, None)
+            self._session_holds[ino] = self._hold_content(attr.content_id)
             session = WriteSession(
                 ino,
                 extents,
