@@ -8,10 +8,12 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from .errors import CowfsError
+from .control import Target, store_of
+from .errors import CowfsError, StoreError
 from .store import Store
 from .store.layout import DEFAULT_SEGMENT_SIZE, parse_size
 
+TARGET_HELP = "a store directory, or the mountpoint of a mounted store (then the daemon serves the request)"
 EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
 
 
@@ -50,7 +52,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
+    store_path = store_of(args.store)
+    with Target(args.store) as t:
+        if t.mounted:
+            raise StoreError(f"{store_path}: the store is mounted; unmount it to run fsck")
+        store = t.store  # type: ignore[union-attr]
         report = store.fsck(repair=args.repair, progress=_progress("fsck"))
         after = store.fsck() if args.repair and report.problems else report
     if args.json:
@@ -58,7 +64,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             "clean": after.clean,
             "problems": [p.line() for p in report.problems],
             "repaired": report.repaired,
-            "remaining": [p.line() for p in after.problems] if after is not report else [p.line() for p in report.problems],
+            "remaining": [p.line() for p in after.problems],
             "chunks_checked": report.chunks_checked,
             "bytes_checked": report.bytes_checked,
             "unreferenced_bytes": report.unreferenced_bytes,
@@ -77,8 +83,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
-        stats = store.stats()
+    with Target(args.store) as t:
+        stats = t.call("stats")
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
@@ -89,46 +95,37 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
+    with Target(args.store) as t:
         if args.action == "create":
-            snap = store.snapshot_create(args.name)
-            print(f"snapshot {snap.name} at generation {snap.gen}")
+            snap = t.call("snapshot_create", name=args.name)
+            print(f"snapshot {snap['name']} at generation {snap['generation']}")
         elif args.action == "delete":
-            for name in args.names:
-                store.snapshot(name)  # all names must exist before any is deleted
-            for name in args.names:
-                store.snapshot_delete(name)
+            for name in t.call("snapshot_delete", names=args.names):
                 print(f"deleted snapshot {name}")
         else:
-            snaps = store.snapshot_list()
+            snaps = t.call("snapshot_list")
             if args.json:
-                print(json.dumps([{"name": s.name, "generation": s.gen, "created": _time(s.created_ns)} for s in snaps], indent=2))
+                print(json.dumps([{"name": s["name"], "generation": s["generation"], "created": _time(s["created_ns"])} for s in snaps], indent=2))
             else:
                 print(f"{'NAME':30} {'GENERATION':>10}  CREATED")
                 for s in snaps:
-                    print(f"{s.name:30} {s.gen:>10}  {_time(s.created_ns)}")
+                    print(f"{s['name']:30} {s['generation']:>10}  {_time(s['created_ns'])}")
     return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
-        report = store.gc()
-    print(f"gc: {report.chunks_deleted} chunks deleted, {_human(report.bytes_freed)} freed on the device "
-          f"({_human(report.physical_after)} in use) in {report.seconds:.2f}s")
+    with Target(args.store) as t:
+        r = t.call("gc")
+    print(f"gc: {r['chunks_deleted']} chunks deleted, {_human(r['bytes_freed'])} freed on the device "
+          f"({_human(r['physical_bytes'])} in use) in {r['seconds']:.2f}s")
     return 0
 
 
-def _gen_of(store: Store, args: argparse.Namespace) -> int | None:
-    if getattr(args, "snapshot", None):
-        return store.snapshot(args.snapshot).gen
-    return getattr(args, "generation", None)
-
-
 def cmd_log(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
-        versions = store.history(args.path)
+    with Target(args.store) as t:
+        versions = t.call("log", path=args.path)
     rows = [
-        {"generation": v.birth_gen, "time": _time(v.time_ns), "size": v.size, "added_bytes": v.added_bytes, "current": v.death_gen is None}
+        {"generation": v["generation"], "time": _time(v["time_ns"]), "size": v["size"], "added_bytes": v["added_bytes"], "current": v["current"]}
         for v in versions
     ]
     if args.json:
@@ -140,29 +137,31 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_of(args: argparse.Namespace) -> dict[str, object]:
+    return {"snapshot": args.snapshot, "generation": args.generation}
+
+
 def cmd_cat(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
-        gen = _gen_of(store, args)
-        attr = store.resolve(args.path, gen)
-        with store.open_reader(attr.ino, gen) as reader:
-            out = sys.stdout.buffer
-            pos = 0
-            while pos < reader.size:
-                data = reader.read(pos, 8 << 20)
-                out.write(data)
-                pos += len(data)
-            out.flush()
+    with Target(args.store) as t:
+        size = t.call("file_size", path=args.path, **_as_of(args))
+        out = sys.stdout.buffer
+        pos = 0
+        while pos < size:
+            data = t.call("read", path=args.path, offset=pos, length=8 << 20, **_as_of(args))
+            if not data:
+                break
+            out.write(data)
+            pos += len(data)
+        out.flush()
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
-        gen = _gen_of(store, args)
-        attr = store.resolve(args.path, gen)
-        entries = store.readdir(attr.ino, gen) if attr.is_dir else [(args.path.encode(), attr)]
-    for name, a in entries:
-        kind = "d" if a.is_dir else "l" if a.is_symlink else "-"
-        print(f"{kind}{a.mode & 0o7777:04o} {a.size:>12} {_time(a.mtime_ns)} {name.decode(errors='replace')}")
+    with Target(args.store) as t:
+        entries = t.call("ls", path=args.path, **_as_of(args))
+    for e in entries:
+        kind = {"dir": "d", "symlink": "l"}.get(e["kind"], "-")
+        print(f"{kind}{e['mode']:04o} {e['size']:>12} {_time(e['mtime_ns'])} {e['name']}")
     return 0
 
 
@@ -218,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_fsck)
 
     s = sub.add_parser("stats", help="space and object counts", description="Show logical, stored and physical bytes, counts and the dedup ratio.",
-                       epilog="example: cowfs stats /data/store --json")
-    s.add_argument("store")
+                       epilog="example: cowfs stats /mnt/ckpt --json")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_stats)
 
@@ -227,32 +226,32 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: cowfs snapshot create /data/store step-1000")
     snap = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     c = snap.add_parser("create", help="snapshot everything committed", epilog="example: cowfs snapshot create /data/store step-1000")
-    c.add_argument("store")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     c.add_argument("name", help="no '/', must not start with '.' or '@'")
-    c = snap.add_parser("list", help="list snapshots", epilog="example: cowfs snapshot list /data/store --json")
-    c.add_argument("store")
+    c = snap.add_parser("list", help="list snapshots", epilog="example: cowfs snapshot list /mnt/ckpt --json")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     c.add_argument("--json", action="store_true")
     c = snap.add_parser("delete", help="delete snapshots (space returns at gc)", epilog="example: cowfs snapshot delete /data/store step-500 step-600")
-    c.add_argument("store")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     c.add_argument("names", nargs="+", metavar="NAME")
     s.set_defaults(fn=cmd_snapshot)
 
     s = sub.add_parser("gc", help="reclaim space", description="Delete chunks that no retained version uses and give their space back to the device.",
-                       epilog="example: cowfs gc /data/store")
-    s.add_argument("store")
+                       epilog="example: cowfs gc /mnt/ckpt")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.set_defaults(fn=cmd_gc)
 
     s = sub.add_parser("log", help="versions of a path", description="Every retained version of PATH, newest first.",
-                       epilog="example: cowfs log /data/store /run1/model.safetensors")
-    s.add_argument("store")
+                       epilog="example: cowfs log /mnt/ckpt /run1/model.safetensors")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("path")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_log)
 
     for name, fn, help_ in (("cat", cmd_cat, "write a file's bytes to stdout"), ("ls", cmd_ls, "list a directory")):
         s = sub.add_parser(name, help=help_, description=help_ + ", live or as of a snapshot or generation.",
-                           epilog=f"example: cowfs {name} /data/store /run1 --snapshot step-1000")
-        s.add_argument("store")
+                           epilog=f"example: cowfs {name} /mnt/ckpt /run1 --snapshot step-1000")
+        s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
         s.add_argument("path")
         g = s.add_mutually_exclusive_group()
         g.add_argument("--snapshot", metavar="NAME", help="as of this snapshot")

@@ -27,6 +27,7 @@ import trio
 from ..errors import Busy, CowfsError, StoreError
 from ..store import Store
 from ..store.layout import LOCK_FILE, read_config
+from .control_server import serve_control
 from .openers import mount_id
 from .operations import CowfsOperations, in_thread
 
@@ -130,7 +131,7 @@ async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
             log.warning("auto-snapshot %s: %s", name, e)
 
 
-async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None) -> None:
+async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None, ready_fd: int | None) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -147,6 +148,10 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | 
                     return
 
         nursery.start_soon(on_signals)
+        await nursery.start(serve_control, ops, ops.store.root)
+        if ready_fd is not None:  # live: mounted, and the control socket listens
+            os.write(ready_fd, b"OK\n")
+            os.close(ready_fd)
         if auto_snapshot:
             nursery.start_soon(_auto_snapshot, ops, auto_snapshot)
         await pyfuse3.main()
@@ -168,11 +173,8 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         pyfuse3.init(ops, str(mountpoint), options)
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
-        if ready_fd is not None:
-            os.write(ready_fd, b"OK\n")
-            os.close(ready_fd)
         try:
-            trio.run(_serve, ops, mountpoint, auto_snapshot)
+            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)

@@ -1,0 +1,137 @@
+"""Reach a store from the CLI: directly when unmounted, through its daemon when mounted.
+
+The daemon listens on STORE/daemon.sock. The protocol is JSON lines: a request
+{"op": NAME, "args": {...}}, then one response {"ok": true, "result": ...} or
+{"ok": false, "error": MESSAGE, "errno": N}. Bytes travel base64-encoded
+({"b64": ...}). See docs/cli.md.
+"""
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from . import service
+from .errors import CowfsError, StoreError
+from .store import Store
+from .store.layout import CONFIG_FILE, LOCK_FILE
+
+SOCKET_NAME = "daemon.sock"
+
+
+def encode(value: Any) -> Any:
+    return {"b64": base64.b64encode(value).decode()} if isinstance(value, bytes) else value
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    return value
+
+
+def short_path(dir_fd: int, name: str) -> str:
+    """A path to `name` in the directory `dir_fd` short enough for a unix socket address."""
+    return f"/proc/self/fd/{dir_fd}/{name}"
+
+
+class DirectTarget:
+    """An unmounted store, opened by this process."""
+
+    mounted = False
+
+    def __init__(self, store_path: Path) -> None:
+        self.store = Store.open(store_path)
+
+    def call(self, op: str, **args: Any) -> Any:
+        return service.OPS[op](self.store, **args)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class DaemonTarget:
+    """A mounted store: every call is a request to its daemon."""
+
+    mounted = True
+
+    def __init__(self, store_path: Path) -> None:
+        self.store_path = store_path
+        dir_fd = os.open(store_path, os.O_PATH | os.O_DIRECTORY)
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(short_path(dir_fd, SOCKET_NAME))
+            except OSError as e:
+                self.sock.close()
+                raise StoreError(f"{store_path}: its daemon does not answer ({e.strerror})") from None
+        finally:
+            os.close(dir_fd)
+        self.rfile = self.sock.makefile("rb")
+
+    def call(self, op: str, **args: Any) -> Any:
+        line = json.dumps({"op": op, "args": {k: encode(v) for k, v in args.items()}}) + "\n"
+        self.sock.sendall(line.encode())
+        reply = self.rfile.readline()
+        if not reply:
+            raise CowfsError(f"{self.store_path}: the daemon closed the connection", errno=errno.EPIPE)
+        msg = json.loads(reply)
+        if not msg.get("ok"):
+            raise CowfsError(msg.get("error", "request failed"), errno=msg.get("errno", errno.EIO))
+        return decode(msg.get("result"))
+
+    def close(self) -> None:
+        self.rfile.close()
+        self.sock.close()
+
+
+def _locked(store: Path) -> bool:
+    try:
+        fd = os.open(store / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def store_of(target: str) -> Path:
+    """The store behind TARGET: a store directory, or the mountpoint of a mounted store."""
+    from .fs.mount import mounted_cowfs
+
+    path = Path(target).absolute()
+    mounts = mounted_cowfs()
+    if str(path) in mounts:
+        return Path(mounts[str(path)])
+    if (path / CONFIG_FILE).exists() or not path.exists():
+        return path
+    raise StoreError(f"{path}: not a cowfs store, nor the mountpoint of a mounted one")
+
+
+def open_target(target: str) -> DirectTarget | DaemonTarget:
+    store = store_of(target)
+    if (store / CONFIG_FILE).exists() and _locked(store) and (store / SOCKET_NAME).exists():
+        return DaemonTarget(store)
+    return DirectTarget(store)
+
+
+class Target:
+    """`with Target(path) as t: t.call(...)`"""
+
+    def __init__(self, target: str) -> None:
+        self.impl = open_target(target)
+
+    def __enter__(self) -> DirectTarget | DaemonTarget:
+        return self.impl
+
+    def __exit__(self, *exc: object) -> None:
+        self.impl.close()

@@ -1,0 +1,46 @@
+"""CLI commands on a mounted store go through its daemon (TARGET = mountpoint or store)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mountutil import cowfs, mounted
+from storeutil import assert_clean, data, new_store
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture
+def store(tmp_path):
+    p = new_store(tmp_path / "store", segment_size=16 << 20)
+    yield p
+    assert_clean(p)
+
+
+def test_commands_on_a_mounted_store(store, tmp_path):
+    with mounted(store, tmp_path / "mnt") as m:
+        (m / "run").mkdir()
+        (m / "run" / "model.pt").write_bytes(data(2_000_000, 1))
+        for target in (str(m), str(store)):
+            st = json.loads(cowfs("stats", target, "--json").stdout)
+            assert st["files"] == 1 and st["logical_bytes"] == 2_000_000
+        cowfs("snapshot", "create", str(m), "one")
+        assert os.listdir(m / ".snapshots") == ["one"]  # made through the daemon, visible in the mount
+        (m / "run" / "model.pt").write_bytes(data(2_000_000, 2))
+        assert cowfs("cat", str(m), "/run/model.pt", "--snapshot", "one").stdout == data(2_000_000, 1)
+        log = json.loads(cowfs("log", str(m), "/run/model.pt", "--json").stdout)
+        assert [v["size"] for v in log] == [2_000_000, 2_000_000] and log[0]["current"]
+        assert cowfs("cat", str(m), "/run/model.pt", "--generation", str(log[1]["generation"])).stdout == data(2_000_000, 1)
+        assert b"model.pt" in cowfs("ls", str(m), "/run", "--snapshot", "one").stdout
+        (m / "run" / "model.pt").unlink()
+        cowfs("snapshot", "delete", str(m), "one")
+        assert not (m / ".snapshots" / "one").exists()  # the kernel's cached entry was invalidated
+        r = cowfs("gc", str(m))
+        assert b"freed" in r.stdout
+        assert (m / "run").is_dir()  # the mount keeps working after gc
+        r = cowfs("fsck", str(store), check=False)
+        assert r.returncode == 2 and b"mounted" in r.stderr
+        r = cowfs("snapshot", "delete", str(m), "nope", check=False)
+        assert r.returncode == 2 and b"no snapshot named" in r.stderr and b"Traceback" not in r.stderr
