@@ -76,6 +76,37 @@ def read(store: Store, path: str, offset: int, length: int, snapshot: str | None
         return reader.read(offset, length)
 
 
+def restore(store: Store, path: str, snapshot: str | None = None, generation: int | None = None,
+            to: str | None = None) -> dict[str, Any]:
+    gen = _gen(store, snapshot, generation)
+    if gen is None:
+        raise InvalidArgument("restore needs --snapshot or --generation")
+    attr = store.restore(path, gen, to)
+    return {"path": to or path, "ino": attr.ino, "size": attr.size, "generation": attr.birth_gen}
+
+
+def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep_hourly: int = 0,
+          keep_daily: int = 0, keep_weekly: int = 0, keep_name: list[str] | None = None,
+          keep_history: str | None = None, dry_run: bool = False, run_gc: bool = True) -> dict[str, Any]:
+    policy = KeepPolicy(keep_last, parse_duration(keep_within) if keep_within else 0, keep_hourly, keep_daily,
+                        keep_weekly, tuple(keep_name or ()))
+    decisions = plan(store.snapshot_list(), policy)
+    out: dict[str, Any] = {
+        "snapshots": [{"name": d.snapshot.name, "generation": d.snapshot.gen, "created_ns": d.snapshot.created_ns,
+                       "keep": d.keep, "reasons": d.reasons} for d in decisions],
+        "dry_run": dry_run, "history_rows_dropped": 0, "gc": None,
+    }
+    if dry_run:
+        return out
+    for d in decisions:
+        if not d.keep:
+            store.snapshot_delete(d.snapshot.name)
+    out["history_rows_dropped"] = store.expire_history(parse_duration(keep_history) if keep_history else 0)
+    if run_gc:
+        out["gc"] = gc(store)
+    return out
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "stats": stats,
     "snapshot_create": snapshot_create,
@@ -86,6 +117,9 @@ OPS: dict[str, Callable[..., Any]] = {
     "ls": ls,
     "file_size": file_size,
     "read": read,
+    "restore": restore,
+    "prune": prune,
 }
 
-from .errors import IsADirectory  # noqa: E402
+from .errors import InvalidArgument, IsADirectory  # noqa: E402
+from .store.retention import KeepPolicy, parse_duration, plan  # noqa: E402

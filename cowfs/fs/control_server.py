@@ -59,12 +59,18 @@ async def _dispatch(line: bytes, ops: Any) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - reported to the client and logged, never kills the daemon
         log.exception("control request %s failed", req.get("op"))
         return {"ok": False, "error": f"{req['op']} failed: {e}", "errno": errno.EIO}
+    if req["op"] == "restore":  # the live file changed under the kernel's caches
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, result["ino"])
+        except Exception:  # noqa: BLE001 - not cached: nothing to drop
+            pass
+    gone: list[str] = []
     if req["op"] == "snapshot_delete":
-        for name in args.get("names", []):
-            try:
-                pyfuse3.invalidate_entry_async(SNAPDIR_INO, name.encode())
-            except Exception:  # noqa: BLE001 - the entry may not be cached at all
-                pass
+        gone = list(args.get("names", []))
+    elif req["op"] == "prune" and not result["dry_run"]:
+        gone = [s["name"] for s in result["snapshots"] if not s["keep"]]
+    for name in gone:  # the kernel may still hold .snapshots/NAME in its dentry cache
+        pyfuse3.invalidate_entry_async(SNAPDIR_INO, name.encode())
     return {"ok": True, "result": encode(result)}
 
 

@@ -506,6 +506,33 @@ class Store:
 
         return self.catalog.read(fn)
 
+    def restore(self, path: str, gen: int, to: str | None = None) -> Attr:
+        """Make the file at `path` as of generation `gen` current again at `to` (default: `path`),
+        as a new version that shares the old body: history is kept, no bytes are copied."""
+        old = self.resolve(path, gen)
+        if not old.is_file:
+            raise IsADirectory(f"{path}: only files can be restored")
+        dest = (to or path).encode() if isinstance(to or path, str) else (to or path)
+        head, _, name = dest.strip(b"/").rpartition(b"/")
+        parent = self.resolve(head)
+        if not parent.is_dir:
+            raise ns.NotADirectory(f"{head.decode(errors='replace')}: not a directory")
+
+        def fn(txn: Txn) -> Attr:
+            ino = ns.live_child(txn, parent.ino, name)
+            if ino is None:
+                ino = ns.make_node(txn, parent.ino, name, KIND_FILE, old.mode & 0o7777, old.uid, old.gid)
+            elif ino in self._sessions:
+                raise Busy(f"{dest.decode(errors='replace')}: the file is open for writing")
+            row = ns.live_version(txn, ino)
+            if not stat.S_ISREG(row[5]):
+                raise IsADirectory(f"{dest.decode(errors='replace')}: not a regular file")
+            ns.new_version(txn, row, size=old.size, mtime_ns=txn.now_ns, ctime_ns=txn.now_ns,
+                           content_id=old.content_id, data_gen=txn.gen)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        return self._change("restore", fn)
+
     def expire_history(self, keep_within_ns: int = 0) -> int:
         """Drop versions and entries that the live tree replaced or removed, that no snapshot
         shows, and that ended more than `keep_within_ns` ago. gc then reclaims their chunks."""

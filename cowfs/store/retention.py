@@ -1,0 +1,96 @@
+"""Which snapshots a prune keeps: restic `forget` semantics, as a pure function of their times.
+
+A snapshot survives if any rule keeps it:
+  last N       the N newest
+  within D     every snapshot taken within D of the newest one
+  hourly N     the newest snapshot of each of the N newest hours that have one (UTC)
+  daily N      ... of each of the N newest days
+  weekly N     ... of each of the N newest ISO weeks
+  name GLOB    every snapshot whose name matches
+"""
+from __future__ import annotations
+
+import datetime
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import InvalidArgument
+from .store import Snapshot
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    last: int = 0
+    within_ns: int = 0
+    hourly: int = 0
+    daily: int = 0
+    weekly: int = 0
+    names: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.last or self.within_ns or self.hourly or self.daily or self.weekly or self.names)
+
+
+@dataclass
+class Decision:
+    snapshot: Snapshot
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def keep(self) -> bool:
+        return bool(self.reasons)
+
+
+def parse_duration(text: str) -> int:
+    """'90s', '30m', '12h', '7d', '2w' (or combinations like '1d12h') -> nanoseconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    total, num = 0.0, ""
+    for ch in text.strip().lower():
+        if ch.isdigit() or ch == ".":
+            num += ch
+        elif ch in units and num:
+            total += float(num) * units[ch]
+            num = ""
+        else:
+            raise InvalidArgument(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d, 2w)")
+    if num or total <= 0:
+        raise InvalidArgument(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d, 2w)")
+    return int(total * 1e9)
+
+
+def _bucketed(decisions: list[Decision], n: int, key: Callable[[datetime.datetime], object], rule: str) -> None:
+    seen: set[object] = set()
+    for d in decisions:  # newest first
+        if len(seen) >= n:
+            break
+        b = key(datetime.datetime.fromtimestamp(d.snapshot.created_ns / 1e9, datetime.timezone.utc))
+        if b not in seen:
+            seen.add(b)
+            d.reasons.append(rule)
+
+
+def plan(snapshots: list[Snapshot], policy: KeepPolicy) -> list[Decision]:
+    """A decision per snapshot, newest first."""
+    if policy.empty:
+        raise InvalidArgument("no keep rule given: refusing to delete every snapshot")
+    decisions = [Decision(s) for s in sorted(snapshots, key=lambda s: (s.created_ns, s.gen), reverse=True)]
+    for d in decisions[: policy.last]:
+        d.reasons.append(f"last {policy.last}")
+    if policy.within_ns and decisions:
+        newest = decisions[0].snapshot.created_ns
+        for d in decisions:
+            if newest - d.snapshot.created_ns <= policy.within_ns:
+                d.reasons.append("within")
+    if policy.hourly:
+        _bucketed(decisions, policy.hourly, lambda t: (t.year, t.month, t.day, t.hour), f"hourly {policy.hourly}")
+    if policy.daily:
+        _bucketed(decisions, policy.daily, lambda t: t.date(), f"daily {policy.daily}")
+    if policy.weekly:
+        _bucketed(decisions, policy.weekly, lambda t: t.isocalendar()[:2], f"weekly {policy.weekly}")
+    for pattern in policy.names:
+        for d in decisions:
+            if fnmatch.fnmatchcase(d.snapshot.name, pattern):
+                d.reasons.append(f"name {pattern}")
+    return decisions
