@@ -13,7 +13,7 @@ TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NATIVE_SRC := $(wildcard native/*.c)
 
-.PHONY: setup apt-deps test demo bench clean
+.PHONY: setup apt-deps test demo bench crashtest clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ demo: setup
 
 bench: setup
 	@echo "make bench: placeholder until the benchmark issue (issue 6); no benchmark exists yet"
+
+# kill -9 cycles through a real mount (tools/crashtest.py); CI runs 20 of them in make test
+N ?= 100
+crashtest: setup
+	$(VPY) tools/crashtest.py --cycles $(N)
 
 clean:
 	rm -rf $(VENV) build *.egg-info cowfs/_native*.so .pytest_cache .hypothesis
