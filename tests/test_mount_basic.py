@@ -116,3 +116,26 @@ def test_kill9_mid_write_leaves_previous_version(store, tmp_path):
             pass
     with mounted(store, mnt) as m:
         assert (m / "model.pt").read_bytes() == old
+
+
+def test_kill9_between_rename_and_close_keeps_previous_version(store, tmp_path):
+    """safetensors 0.8 save_file over an existing file: open tmp, write, rename over, close.
+    A crash between the rename and the close must leave the previous version, not an empty file."""
+    a, b = data(3_000_000, 1), data(3_000_000, 2)
+    mnt = tmp_path / "mnt"
+    with mounted(store, mnt) as m:
+        p = m / "model.safetensors"
+        p.write_bytes(a)
+        tmpf = m / ".tmpAbC123"
+        fd = os.open(tmpf, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.ftruncate(fd, len(b))
+        os.write(fd, b)
+        os.rename(tmpf, p)
+        kill9(store, mnt)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    with mounted(store, mnt) as m:
+        assert (m / "model.safetensors").read_bytes() in (a, b)
+        assert os.listdir(m) == ["model.safetensors"]

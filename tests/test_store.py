@@ -410,3 +410,18 @@ def test_sessions_readers_and_gc_in_threads_do_not_deadlock(path):
             t.join(timeout=30)
         assert not any(t.is_alive() for t in threads), "deadlock"
         assert not errors and time_limit
+
+
+def test_rename_over_a_file_before_close_keeps_the_previous_version_visible(path):
+    """safetensors 0.8: create tmp, write, rename tmp over the target, then close."""
+    with Store.open(path) as s:
+        s.write_file("/model.safetensors", data(300_000, 1))
+        tmp = s.create(ROOT_INO, b".tmpABC")
+        with s.open_session(tmp.ino) as w:
+            w.write(0, data(300_000, 2))
+            s.rename(ROOT_INO, b".tmpABC", ROOT_INO, b"model.safetensors")
+            assert s.read_file("/model.safetensors") == data(300_000, 1)  # not empty: the previous version
+            w.commit()
+        assert s.read_file("/model.safetensors") == data(300_000, 2)
+        hist = s.history("/model.safetensors")
+        assert [v.size for v in hist][:2] == [300_000, 300_000]

@@ -277,8 +277,15 @@ def _is_ancestor(txn: Txn, ancestor: int, ino: int) -> bool:
     return ancestor == ROOT_INO
 
 
-def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
-    """Atomic rename; returns the inode it replaced, if any."""
+def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False,
+           open_for_writing: frozenset[int] = frozenset()) -> int | None:
+    """Atomic rename; returns the inode it replaced, if any.
+
+    Replace-via-rename of a file that is still being written (safetensors renames its temp
+    file over the target before closing it): if the source is open for writing and has only
+    its empty create-version committed, it takes over the replaced file's committed body, so
+    until the writer's close commits the new bytes the name keeps showing the previous
+    version, and a crash in between leaves the previous version, never an empty file."""
     check_name(new_name)
     _live_dir(txn, parent)
     _live_dir(txn, new_parent)
@@ -301,6 +308,10 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
             raise IsADirectory(f"{new_name.decode(errors='replace')}: is a directory")
         if dst_dir and has_children(txn, old):
             raise NotEmpty(f"{new_name.decode(errors='replace')}: directory not empty")
+        if ino in open_for_writing and not src_dir:
+            src_row, old_row = live_version(txn, ino), live_version(txn, old)
+            if src_row[4] == 0 and src_row[10] is None and stat.S_ISREG(old_row[5]):
+                new_version(txn, src_row, size=old_row[4], content_id=old_row[10], data_gen=old_row[12])
         _kill_entry(txn, new_parent, new_name, old)
     _end_dentry(txn, parent, name)
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))

@@ -254,7 +254,8 @@ class Store:
         return self._change("rmdir", lambda t: ns.rmdir(t, parent, name))
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
-        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace))
+        writing = frozenset(self._sessions)
+        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace, writing))
 
     def setattr(
         self,
