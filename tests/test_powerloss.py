@@ -20,13 +20,21 @@ sometimes loses power again itself) and must satisfy:
     commit transaction did not commit reads as its previous version);
   * every snapshot shows exactly the tree it was taken of.
 
+(Between crashes, every file an operation changed is also read back at once.)
+At the end of each run, gc must leave no unreferenced record, and a clean
+close and open must keep everything.
+
 Between crashes the operations are random: write_file, write sessions with
 random writes/truncates (one or two commits, or an abort), sequential streaming
 rewrites in several batches (the session BATCH is lowered per run so the
-chunking workers and rotation inside them are exercised), rename, unlink,
-snapshot create/delete, expire_history + gc (gc punches dead space without
-fsync), gc, and clean close + reopen. Segments are 4 MiB and files up to 3 MiB,
-so segments rotate often.
+chunking workers and rotation inside them are exercised), two interleaved
+sessions (often writing the same bytes, so one dedups against the other's
+uncommitted records), expire_history + gc while a session has uncommitted
+records in the log, rename, unlink, snapshot create/delete, expire_history + gc
+(gc punches dead space without fsync), gc, and clean close + reopen. Segments
+are 4 MiB and files up to 3 MiB, so segments rotate often. Both devices run:
+`file` (fdatasync) and `pmem` (only ranges both written back by
+`_native.persist` and msync'ed count as durable).
 
 Every run is seeded. `COWFS_POWERLOSS_SEED=<seed>` (with the device given by the
 test id) replays one run; `COWFS_POWERLOSS_CRASHES=<n>` sets crash points per run.
@@ -438,6 +446,7 @@ class Run:
         self.disk: Disk | None = None
         self.stats = Stats()
         self.trace: deque[str] = deque(maxlen=25)
+        self.disk_site: str | None = None  # where the power went out last
 
     def fail(self, msg: str) -> None:
         trace = "\n  ".join(self.trace)
@@ -505,6 +514,20 @@ class Run:
         for name, sn in snaps.items():
             self.check_tree(sn.gen, self.model.snaps[name], f"{when}: snapshot {name}")
 
+    def check_changed(self, op: Op) -> None:
+        """After an operation returned: the files it changed read back as the model says."""
+        assert self.store is not None and self.disk is not None
+        before, after = op.states[0].files, op.states[-1].files
+        for p, want in after.items():
+            if before.get(p) is not want:
+                try:
+                    have = self.store.read_file(p)
+                except Exception as e:  # noqa: BLE001
+                    self.fail(f"after '{op.desc}': reading {p} raised {type(e).__name__}: {e}")
+                if have != want:
+                    self.fail(f"after '{op.desc}': {p} reads {len(have)} bytes, expected {len(want)} (no crash yet)")
+                self.stats.bytes_verified += len(want)
+
     def check_tree(self, gen: int | None, expected: dict[str, bytes], what: str) -> None:
         assert self.store is not None
         s = self.store
@@ -549,7 +572,6 @@ class Run:
         self.store = Store.open(self.root)
         for d in DIRS:
             self.store.mkdir(ROOT_INO, d.strip("/").encode())
-        self.disk_site = None
         while self.stats.crashes < self.target:
             long = rng.random() < LONG_CHANCE
             self.disk.arm(rng.randint(SHORT_SPAN, LONG_SPAN) if long else rng.randint(1, SHORT_SPAN))
@@ -567,6 +589,7 @@ class Run:
                         self.fail(f"'{op.desc}' raised {type(e).__name__}: {e}")
                     self.stats.ops += 1
                     self.model = op.states[-1]
+                    self.check_changed(op)
             except PowerLoss:
                 assert op is not None
                 self.disk_site = self.disk.crash_site
