@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .errors import InvalidArgument, IsADirectory
 from .store import Store
+from .store.retention import KeepPolicy, parse_duration, plan
 
 
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:
@@ -120,6 +122,3 @@ OPS: dict[str, Callable[..., Any]] = {
     "restore": restore,
     "prune": prune,
 }
-
-from .errors import InvalidArgument, IsADirectory  # noqa: E402
-from .store.retention import KeepPolicy, parse_duration, plan  # noqa: E402

@@ -12,7 +12,17 @@ from typing import Iterator
 
 from cowfs.fs.mount import mounted_cowfs
 
-from storeutil import assert_clean
+import pytest
+
+from storeutil import assert_clean, new_store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    """A new store for a mount test (16 MiB segments), fsck'ed clean after the test."""
+    p = new_store(tmp_path / "store", segment_size=16 << 20)
+    yield p
+    assert_clean(p)
 
 
 def cowfs(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -71,4 +81,4 @@ def kill9(store: Path, mnt: Path) -> None:
     force_unmount(mnt)
 
 
-__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid"]
+__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid", "store"]

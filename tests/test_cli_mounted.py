@@ -6,17 +6,10 @@ import os
 
 import pytest
 
-from mountutil import cowfs, mounted
+from mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
 from storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
-
-
-@pytest.fixture
-def store(tmp_path):
-    p = new_store(tmp_path / "store", segment_size=16 << 20)
-    yield p
-    assert_clean(p)
 
 
 def test_commands_on_a_mounted_store(store, tmp_path):

@@ -22,20 +22,13 @@ from safetensors.torch import load_file, save_file
 
 from cowfs.store import Store
 
-from mountutil import mounted
+from mountutil import mounted, store  # noqa: F401 (store is a fixture)
 from storeutil import assert_clean, new_store
 
 pytestmark = pytest.mark.mount
 
 MB = 1 << 20
 MAX_CHUNK = 256 << 10  # cowfs.store.chunking.MAX_CHUNK: the slop of a re-chunked region's edges
-
-
-@pytest.fixture
-def store(tmp_path):
-    p = new_store(tmp_path / "store", segment_size=16 << 20)
-    yield p
-    assert_clean(p)
 
 
 # -- a small real model ----------------------------------------------------------------

@@ -8,17 +8,10 @@ import pytest
 
 from cowfs.store import Store
 
-from mountutil import cowfs, kill9, mounted
+from mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)
 from storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
-
-
-@pytest.fixture
-def store(tmp_path):
-    p = new_store(tmp_path / "store", segment_size=16 << 20)
-    yield p
-    assert_clean(p)
 
 
 def test_mount_errors_are_one_line_exit_2(store, tmp_path):

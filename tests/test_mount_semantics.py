@@ -25,19 +25,12 @@ import pytest
 from cowfs.fs.mount import mounted_cowfs
 from cowfs.store import Store
 
-from mountutil import _alive, cowfs, daemon_pid, kill9, mounted
+from mountutil import _alive, cowfs, daemon_pid, kill9, mounted, store  # noqa: F401 (store is a fixture)
 from storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def store(tmp_path):
-    p = new_store(tmp_path / "store", segment_size=16 << 20)
-    yield p
-    assert_clean(p)
 
 
 # -- helpers ------------------------------------------------------------------------------

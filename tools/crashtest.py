@@ -32,7 +32,7 @@ Each cycle:
    rmdir the kill interrupted may exist or not; if it exists it is recorded then.
 
 With --overwrite-safetensors the writer also does (d): save_file straight over an existing
-`model-direct.safetensors`. safetensors 0.8 writes a `.tmpXXXXXX` sibling, renames it onto
+`model-direct.safetensors`. safetensors 0.8 writes a `.tmp<random>` sibling, renames it onto
 the target and closes it only after the rename, so a kill in that window (rarely hit at
 random) leaves the target empty: neither its previous nor its new version.
 
@@ -346,7 +346,7 @@ class Model:
         self.ever: dict[str, set] = {RUN: {DIR}}
         self.pending_renames: list[tuple[str, str, set, set]] = []
         self.what: dict[str, str] = {EMPTY: "empty (freshly created)"}  # sha -> description
-        # safetensors' save_file (0.8) writes a `.tmpXXXXXX` sibling, renames it onto the
+        # safetensors' save_file (0.8) writes a `.tmp<random>` sibling, renames it onto the
         # target and only then closes it: until its close, that sibling may exist (empty)
         self.tmp_pending: dict[str, int] = {}  # dir -> save_file writes begun, not closed
         self.tmp_dirs_ever: set[str] = set()
@@ -406,7 +406,7 @@ class Model:
                 self._set(p, (self.get(p) | {None}) if ev == "rmtree_begin" else {None})
 
     def may_be_save_file_tmp(self, path: str, state: str | None, ever: bool = False) -> bool:
-        """An empty `.tmpXXXXXX` left by a save_file that was under way (or ever ran: `ever`)."""
+        """An empty `.tmp<random>` left by a save_file that was under way (or ever ran: `ever`)."""
         d, name = os.path.split(path)
         return (state == EMPTY and re.fullmatch(r"\.tmp[A-Za-z0-9]{6}", name) is not None
                 and d in (self.tmp_dirs_ever if ever else self.tmp_pending))
