@@ -14,6 +14,7 @@ from .store import Store
 from .store.layout import DEFAULT_SEGMENT_SIZE, parse_size
 
 TARGET_HELP = "a store directory, or the mountpoint of a mounted store (then the daemon serves the request)"
+CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
 EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
 
 
@@ -29,16 +30,23 @@ def _time(ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
-def _progress(label: str) -> Callable[[int, int], None] | None:
+def _progress(label: str, unit: Callable[[int], str] = str) -> Callable[[int, int], None] | None:
+    """A progress bar on stderr when it is a terminal (None otherwise: scripts see no bar)."""
     if not sys.stderr.isatty():
         return None
+    finished = False
 
     def show(done: int, total: int) -> None:
+        nonlocal finished
+        if finished:
+            return
         width = 30
-        filled = width * done // total if total else width
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        filled = min(width * done // total, width) if total else width
+        pct = 100 * done // total if total else 100
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {pct:3d}% {unit(done)}/{unit(total)}\x1b[K")
         if done >= total:
             sys.stderr.write("\n")
+            finished = True
         sys.stderr.flush()
 
     return show
@@ -52,34 +60,24 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    store_path = store_of(args.store)
     with Target(args.store) as t:
-        if t.mounted:
-            raise StoreError(f"{store_path}: the store is mounted; unmount it to run fsck")
-        store = t.store  # type: ignore[union-attr]
-        report = store.fsck(repair=args.repair, progress=_progress("fsck"))
-        after = store.fsck() if args.repair and report.problems else report
+        if t.mounted and args.repair:
+            raise StoreError(f"{store_of(args.store)}: the store is mounted; unmount it to run fsck --repair "
+                             "(a check without --repair runs while mounted)")
+        r = t.call("fsck", repair=args.repair, progress=_progress("fsck"))
     if args.json:
-        print(json.dumps({
-            "clean": after.clean,
-            "problems": [p.line() for p in report.problems],
-            "repaired": report.repaired,
-            "remaining": [p.line() for p in after.problems],
-            "chunks_checked": report.chunks_checked,
-            "bytes_checked": report.bytes_checked,
-            "unreferenced_bytes": report.unreferenced_bytes,
-        }, indent=2))
+        print(json.dumps(r, indent=2))
     else:
-        for p in report.problems:
-            print(p.line())
-        for line in report.repaired:
+        for line in r["problems"]:
+            print(line)
+        for line in r["repaired"]:
             print(f"repaired: {line}")
-        state = "clean" if after.clean else f"{len(after.problems)} problem(s)"
+        state = "clean" if r["clean"] else f"{len(r['remaining'])} problem(s)"
         print(
-            f"fsck: {state}: {report.chunks_checked} chunks, {_human(report.bytes_checked)} verified in "
-            f"{report.segments_checked} segments, {_human(report.unreferenced_bytes)} unreferenced (gc reclaims it)"
+            f"fsck: {state}: {r['chunks_checked']} chunks, {_human(r['bytes_checked'])} verified in "
+            f"{r['segments_checked']} segments, {_human(r['unreferenced_bytes'])} unreferenced (gc reclaims it)"
         )
-    return 0 if after.clean else 1
+    return 0 if r["clean"] else 1
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -115,7 +113,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
-        r = t.call("gc")
+        r = t.call("gc", progress=_progress("gc"))
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
     print(f"gc: {r['chunks_deleted']} chunks deleted, {_human(r['bytes_freed'])} freed on the device "
           f"({_human(r['physical_bytes'])} in use) in {r['seconds']:.2f}s")
     return 0
@@ -145,6 +146,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         size = t.call("file_size", path=args.path, **_as_of(args))
         out = sys.stdout.buffer
+        show = _progress(args.path, _human) if size > CAT_PROGRESS_MIN and not sys.stdout.isatty() else None
         pos = 0
         while pos < size:
             data = t.call("read", path=args.path, offset=pos, length=8 << 20, **_as_of(args))
@@ -152,6 +154,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
                 break
             out.write(data)
             pos += len(data)
+            if show is not None:
+                show(pos, size)
         out.flush()
     return 0
 
@@ -177,7 +181,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         r = t.call("prune", keep_last=args.keep_last, keep_within=args.keep_within, keep_hourly=args.keep_hourly,
                    keep_daily=args.keep_daily, keep_weekly=args.keep_weekly, keep_name=args.keep_name,
-                   keep_history=args.keep_history, dry_run=args.dry_run, run_gc=not args.no_gc)
+                   keep_history=args.keep_history, dry_run=args.dry_run, run_gc=not args.no_gc,
+                   progress=None if args.dry_run or args.no_gc else _progress("gc"))
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -191,6 +196,56 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"kept {kept}, removed {len(r['snapshots']) - kept}; dropped {r['history_rows_dropped']} history rows no snapshot holds")
         if r["gc"]:
             print(f"gc: {_human(r['gc']['bytes_freed'])} freed on the device ({_human(r['gc']['physical_bytes'])} in use)")
+    return 0
+
+
+DIFF_MARK = {"added": "A", "removed": "D", "changed": "M"}
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        r = t.call("diff", a=args.a, b=args.b)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    for e in r["entries"]:
+        kind = "/" if e["kind"] == "dir" else "@" if e["kind"] == "symlink" else ""
+        if e["change"] == "removed":
+            sizes = _human(e["size_a"])
+        elif e["change"] == "added":
+            sizes = f"{_human(e['size_b'])}, {_human(e['shared_bytes'])} shared"
+        else:
+            sizes = f"{_human(e['size_a'])} -> {_human(e['size_b'])}, {_human(e['shared_bytes'])} shared"
+        print(f"{DIFF_MARK[e['change']]}  {e['path']}{kind}  ({sizes})" if e["kind"] != "dir" else f"{DIFF_MARK[e['change']]}  {e['path']}/")
+    n = r["summary"]
+    print(f"{r['a']['ref']} (generation {r['a']['generation']}) -> {r['b']['ref']} (generation {r['b']['generation']}): "
+          f"{n['added']} added, {n['removed']} removed, {n['changed']} changed, {n['unchanged']} unchanged; "
+          f"{_human(n['new_bytes'])} not in {r['a']['ref']}")
+    return 0
+
+
+def _event_line(e: dict[str, object]) -> str:
+    when = _time(int(e["time_ns"]))  # type: ignore[arg-type]
+    kind, gen = e["kind"], e["generation"]
+    if kind == "version":
+        what = f"{e['path']}  {e['size']} bytes, {e['added_bytes']} new"
+    elif kind == "rename":
+        what = f"{e['old_path']} -> {e['path']}"
+    elif kind in ("snapshot", "snapshot-delete"):
+        what = str(e["snapshot"])
+    else:
+        what = str(e["path"])
+    return f"{when}  {kind:15} {gen:>8}  {what}"
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        try:
+            for event in t.watch(args.path):
+                print(json.dumps(event) if args.json else _event_line(event), flush=True)
+        except KeyboardInterrupt:
+            return 0  # Ctrl-C is how a watch is meant to end
+    print(f"cowfs: {args.store}: unmounted; watch ends", file=sys.stderr)
     return 0
 
 
@@ -238,10 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("mountpoint")
     s.set_defaults(fn=cmd_umount)
 
-    s = sub.add_parser("fsck", help="check a store", description="Check every record checksum, every reference and the space accounting. Exit 0 when clean, 1 when not.",
+    s = sub.add_parser("fsck", help="check a store", description="Check every record checksum, every reference and the space "
+                       "accounting. Exit 0 when clean, 1 when not. Runs on a mounted store too (through its daemon, "
+                       "beside the writers); --repair needs it unmounted.",
                        epilog="example: cowfs fsck /data/store --repair")
-    s.add_argument("store")
-    s.add_argument("--repair", action="store_true", help="fix what can be fixed without touching intact committed data")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    s.add_argument("--repair", action="store_true", help="fix what can be fixed without touching intact committed data (unmounted only)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_fsck)
 
@@ -268,7 +325,29 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("gc", help="reclaim space", description="Delete chunks that no retained version uses and give their space back to the device.",
                        epilog="example: cowfs gc /mnt/ckpt")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_gc)
+
+    s = sub.add_parser("diff", help="what changed between two snapshots",
+                       description="Paths added (A), removed (D) and changed (M) from A to B, with sizes and the bytes "
+                       "of B that A already holds (shared: stored once). A and B are snapshot names, @live for the "
+                       "live tree, or @G for generation G. A file written again with the same bytes is unchanged.",
+                       epilog="example: cowfs diff /mnt/ckpt step-1000 @live")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    s.add_argument("a", metavar="A", help="snapshot name, @live or @GENERATION")
+    s.add_argument("b", metavar="B", nargs="?", default="@live", help="snapshot name, @live or @GENERATION (default @live)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_diff)
+
+    s = sub.add_parser("watch", help="follow commits and snapshots as they happen",
+                       description="Print one line (JSON with --json) per committed file version, rename, removal and "
+                       "snapshot, as the daemon commits them (pushed, not polled), optionally only under PATH. "
+                       "Needs a mounted store; ends on Ctrl-C or when the store is unmounted.",
+                       epilog="example: cowfs watch /mnt/ckpt /run1/model.safetensors --json")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    s.add_argument("path", nargs="?", help="only changes to this path or below it (path inside the store, e.g. /run1)")
+    s.add_argument("--json", action="store_true", help="one JSON object per line")
+    s.set_defaults(fn=cmd_watch)
 
     s = sub.add_parser("log", help="versions of a path", description="Every retained version of PATH, newest first.",
                        epilog="example: cowfs log /mnt/ckpt /run1/model.safetensors")

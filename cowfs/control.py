@@ -3,7 +3,9 @@
 The daemon listens on STORE/daemon.sock. The protocol is JSON lines: a request
 {"op": NAME, "args": {...}}, then one response {"ok": true, "result": ...} or
 {"ok": false, "error": MESSAGE, "errno": N}. Bytes travel base64-encoded
-({"b64": ...}). See docs/cli.md.
+({"b64": ...}). A request with "progress": true (gc, fsck, prune) may get
+{"progress": [DONE, TOTAL]} lines before its response; a "watch" request gets
+its response, then one {"event": {...}} line per change. See docs/cli.md.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from . import service
 from .errors import CowfsError, StoreError
@@ -22,6 +24,7 @@ from .store import Store
 from .store.layout import CONFIG_FILE, LOCK_FILE
 
 SOCKET_NAME = "daemon.sock"
+Progress = Callable[[int, int], None]
 
 
 def encode(value: Any) -> Any:
@@ -47,8 +50,14 @@ class DirectTarget:
     def __init__(self, store_path: Path) -> None:
         self.store = Store.open(store_path)
 
-    def call(self, op: str, **args: Any) -> Any:
+    def call(self, op: str, progress: Progress | None = None, **args: Any) -> Any:
+        if progress is not None and op in service.WITH_PROGRESS:
+            args["progress"] = progress
         return service.OPS[op](self.store, **args)
+
+    def watch(self, path: str | None) -> Iterator[dict[str, Any]]:
+        raise StoreError(f"{self.store.root}: the store is not mounted; watch follows the changes a mounted "
+                         "store's daemon commits (mount it first)")
 
     def close(self) -> None:
         self.store.close()
@@ -73,16 +82,41 @@ class DaemonTarget:
             os.close(dir_fd)
         self.rfile = self.sock.makefile("rb")
 
-    def call(self, op: str, **args: Any) -> Any:
-        line = json.dumps({"op": op, "args": {k: encode(v) for k, v in args.items()}}) + "\n"
+    def _send(self, op: str, args: dict[str, Any], **extra: Any) -> None:
+        line = json.dumps({"op": op, "args": {k: encode(v) for k, v in args.items()}, **extra}) + "\n"
         self.sock.sendall(line.encode())
-        reply = self.rfile.readline()
-        if not reply:
+
+    def _receive(self) -> dict[str, Any] | None:
+        """The next message, or None when the daemon closed the connection (unmounted)."""
+        line = self.rfile.readline()
+        return json.loads(line) if line else None
+
+    def _result(self, msg: dict[str, Any] | None) -> Any:
+        if msg is None:
             raise CowfsError(f"{self.store_path}: the daemon closed the connection", errno=errno.EPIPE)
-        msg = json.loads(reply)
         if not msg.get("ok"):
             raise CowfsError(msg.get("error", "request failed"), errno=msg.get("errno", errno.EIO))
         return decode(msg.get("result"))
+
+    def call(self, op: str, progress: Progress | None = None, **args: Any) -> Any:
+        self._send(op, args, **({"progress": True} if progress is not None else {}))
+        while True:
+            msg = self._receive()
+            if msg is not None and "progress" in msg and "ok" not in msg:
+                if progress is not None:
+                    progress(*msg["progress"])
+                continue
+            return self._result(msg)
+
+    def watch(self, path: str | None) -> Iterator[dict[str, Any]]:
+        """Events as the daemon pushes them; ends when the store is unmounted."""
+        self._send("watch", {"path": path} if path else {})
+        self._result(self._receive())
+        while (msg := self._receive()) is not None:
+            if "event" not in msg:
+                self._result(msg)  # an error line: raises
+                continue
+            yield msg["event"]
 
     def close(self) -> None:
         self.rfile.close()

@@ -12,6 +12,10 @@ from .store import Store
 from .store.retention import KeepPolicy, parse_duration, plan
 
 
+Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
+WITH_PROGRESS = frozenset({"gc", "fsck", "prune"})
+
+
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:
     if snapshot:
         return store.snapshot(snapshot).gen
@@ -39,10 +43,27 @@ def snapshot_delete(store: Store, names: list[str]) -> list[str]:
     return names
 
 
-def gc(store: Store) -> dict[str, Any]:
-    r = store.gc()
+def gc(store: Store, progress: Progress | None = None) -> dict[str, Any]:
+    r = store.gc(progress)
     return {"chunks_deleted": r.chunks_deleted, "bytes_freed": r.bytes_freed,
             "physical_bytes": r.physical_after, "seconds": round(r.seconds, 3)}
+
+
+def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """Check (and with `repair`, fix, then check again). Keys are documented in docs/cli.md."""
+    report = store.fsck(repair=repair, progress=progress)
+    after = store.fsck() if repair and report.problems else report
+    return {
+        "clean": after.clean,
+        "problems": [p.line() for p in report.problems],
+        "repaired": report.repaired,
+        "remaining": [p.line() for p in after.problems],
+        "chunks_checked": report.chunks_checked,
+        "bytes_checked": report.bytes_checked,
+        "segments_checked": report.segments_checked,
+        "unreferenced_bytes": report.unreferenced_bytes,
+        "seconds": round(report.seconds, 3),
+    }
 
 
 def log(store: Store, path: str) -> list[dict[str, Any]]:
@@ -78,6 +99,37 @@ def read(store: Store, path: str, offset: int, length: int, snapshot: str | None
         return reader.read(offset, length)
 
 
+LIVE_REF = "@live"
+
+
+def resolve_ref(store: Store, ref: str) -> int | None:
+    """A snapshot name, `@live` (None: the live tree) or `@G` for generation G."""
+    if ref == LIVE_REF:
+        return None
+    if ref.startswith("@"):
+        try:
+            gen = int(ref[1:])
+        except ValueError:
+            raise InvalidArgument(f"{ref!r}: expected a snapshot name, {LIVE_REF} or @GENERATION") from None
+        if not 1 <= gen <= store.generation:
+            raise InvalidArgument(f"{ref!r}: generation {gen} does not exist (the store is at {store.generation})")
+        return gen
+    return store.snapshot(ref).gen
+
+
+def diff(store: Store, a: str, b: str = LIVE_REF) -> dict[str, Any]:
+    gen_a = resolve_ref(store, a)
+    r = store.diff(store.generation if gen_a is None else gen_a, resolve_ref(store, b))
+    return {
+        "a": {"ref": a, "generation": r.gen_a},
+        "b": {"ref": b, "generation": r.gen_b},
+        "entries": [{"change": e.change, "path": e.path, "kind": e.kind, "size_a": e.size_a, "size_b": e.size_b,
+                     "shared_bytes": e.shared_bytes} for e in r.entries],
+        "summary": {"added": r.count("added"), "removed": r.count("removed"), "changed": r.count("changed"),
+                    "unchanged": r.unchanged, "new_bytes": r.new_bytes},
+    }
+
+
 def restore(store: Store, path: str, snapshot: str | None = None, generation: int | None = None,
             to: str | None = None) -> dict[str, Any]:
     gen = _gen(store, snapshot, generation)
@@ -89,7 +141,8 @@ def restore(store: Store, path: str, snapshot: str | None = None, generation: in
 
 def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep_hourly: int = 0,
           keep_daily: int = 0, keep_weekly: int = 0, keep_name: list[str] | None = None,
-          keep_history: str | None = None, dry_run: bool = False, run_gc: bool = True) -> dict[str, Any]:
+          keep_history: str | None = None, dry_run: bool = False, run_gc: bool = True,
+          progress: Progress | None = None) -> dict[str, Any]:
     policy = KeepPolicy(keep_last, parse_duration(keep_within) if keep_within else 0, keep_hourly, keep_daily,
                         keep_weekly, tuple(keep_name or ()))
     decisions = plan(store.snapshot_list(), policy)
@@ -105,7 +158,7 @@ def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep
             store.snapshot_delete(d.snapshot.name)
     out["history_rows_dropped"] = store.expire_history(parse_duration(keep_history) if keep_history else 0)
     if run_gc:
-        out["gc"] = gc(store)
+        out["gc"] = gc(store, progress)
     return out
 
 
@@ -115,10 +168,12 @@ OPS: dict[str, Callable[..., Any]] = {
     "snapshot_list": snapshot_list,
     "snapshot_delete": snapshot_delete,
     "gc": gc,
+    "fsck": fsck,
     "log": log,
     "ls": ls,
     "file_size": file_size,
     "read": read,
     "restore": restore,
     "prune": prune,
+    "diff": diff,
 }

@@ -7,8 +7,9 @@ Trainer's `checkpoint-N/` layout with `trainer_state.json` last. It keeps the
 newest two (`shutil.rmtree` of the oldest) and takes a snapshot with
 `mkdir .snapshots/NAME` after each save. Then it fine-tunes only the head and
 saves again. At the end it shows the snapshot directories, where removed
-checkpoints are still readable, then `cowfs stats`, a file's history, fsck,
-and it unmounts.
+checkpoints are still readable. Meanwhile `cowfs watch` prints each commit the
+daemon pushes. After unmounting it shows `cowfs stats`, a diff between two
+snapshots, a file's history and fsck.
 """
 from __future__ import annotations
 
@@ -74,9 +75,13 @@ def main() -> int:
     try:
         cli("init", str(store), "--segment-size", "64M")
         cli("mount", str(store), str(mnt))
+        watch = None
         try:
             out = mnt / "run1"
             out.mkdir()
+            print(f"$ cowfs watch {mnt} /run1/checkpoint-200 &", flush=True)
+            watch = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(mnt), "/run1/checkpoint-200"],
+                                     stdin=subprocess.DEVNULL)
             model = TinyGPT()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             for step in (100, 200, 300, 400):
@@ -105,7 +110,14 @@ def main() -> int:
             print(f"checkpoint-100 was removed from the live tree; its snapshot still loads: {len(restored)} tensors")
         finally:
             cli("umount", str(mnt))
+            if watch is not None:
+                try:
+                    watch.wait(30)  # the unmount ends it
+                except subprocess.TimeoutExpired:
+                    watch.kill()
+                    watch.wait()
         cli("stats", str(store))
+        cli("diff", str(store), "step-300", "step-400")
         cli("log", str(store), "/run1/head-tuned.safetensors")
         cli("fsck", str(store))
     finally:

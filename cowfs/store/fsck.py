@@ -72,9 +72,19 @@ def _affected(conn: sqlite3.Connection, cid: int) -> tuple[list[str], list[int]]
 
 
 def check(store: "Store", repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
+    """Check the store; while it is mounted too (one read transaction: a consistent view of the
+    catalog; records appended meanwhile lie beyond the committed ends it sees)."""
     t0 = time.monotonic()
     report = FsckReport()
-    conn = store.catalog.reader()
+    bad_chunks, intact_copies = store.catalog.read(lambda conn: _scan(store, conn, report, progress))
+    if repair and report.problems:
+        _repair(store, report, bad_chunks, intact_copies)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress: Callable[[int, int], None] | None,
+          ) -> tuple[dict[int, str], dict[bytes, tuple[int, int, int]]]:
     integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
     if integrity != "ok":
         report.problems.append(Problem("catalog", f"SQLite quick_check: {integrity}"))
@@ -163,11 +173,7 @@ def check(store: "Store", repair: bool = False, progress: Callable[[int, int], N
         report.problems.append(Problem("chunk", why, paths, vids, bytes(h[0]).hex()[:16] if h else f"cid {cid}"))
 
     _check_references(conn, report)
-
-    if repair and report.problems:
-        _repair(store, report, bad_chunks, intact_copies)
-    report.seconds = time.monotonic() - t0
-    return report
+    return bad_chunks, intact_copies
 
 
 def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:

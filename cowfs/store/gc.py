@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .catalog import Txn
 from .layout import segment_path
@@ -41,7 +41,7 @@ class GcReport:
         return max(self.physical_before - self.physical_after, 0)
 
 
-def collect(store: "Store") -> GcReport:
+def collect(store: "Store", progress: Callable[[int, int], None] | None = None) -> GcReport:
     t0 = time.monotonic()
     before = store.physical_bytes()
     with store.index.gc_lock:
@@ -104,7 +104,9 @@ def collect(store: "Store") -> GcReport:
                 pos = max(pos, off + span)
             punches.append((seg_id, gaps))
 
-    for seg_id, gaps in punches:
+    for done, (seg_id, gaps) in enumerate(punches):
+        if progress is not None:
+            progress(done, len(punches))
         if not gaps:
             continue
         if not segment_path(store.root, seg_id).exists():
@@ -112,6 +114,8 @@ def collect(store: "Store") -> GcReport:
         seg = store.log.segment(seg_id)
         for off, length in gaps:
             _clear(seg, off, length)
+    if progress is not None:
+        progress(len(punches), len(punches))
     if empty:
         store.catalog.write(
             lambda t: t.conn.executemany("DELETE FROM segments WHERE seg_id=?", [(s,) for s in empty]), op="gc"

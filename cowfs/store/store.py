@@ -21,7 +21,10 @@ from typing import Callable, TypeVar
 from ..errors import Busy, InvalidArgument, IsADirectory, NotFound, StoreError
 from . import namespace as ns
 from .catalog import Catalog, Txn, create_catalog
+from . import events as ev
 from .content import Extent, FileReader, load_extents
+from .diff import DiffReport, compare
+from .events import Event, EventBus
 from .index import ChunkIndex
 from .layout import (
     CATALOG_FILE,
@@ -86,6 +89,8 @@ class Store:
         self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
         self._session_holds: dict[int, Callable[[], None]] = {}
         self._mutex = threading.RLock()
+        self.events = EventBus()
+        self._maintenance = threading.Lock()  # gc and fsck, one at a time
         self.closed = False
 
     # -- lifecycle -----------------------------------------------------------------
@@ -221,8 +226,21 @@ class Store:
 
     # -- changes to the tree -----------------------------------------------------------
 
-    def _change(self, op: str, fn: Callable[[Txn], T]) -> T:
-        return self.catalog.write(fn, op=op)
+    def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None) -> T:
+        """Run `fn` as one transaction; `describe` names the change for event subscribers
+        (run in the same transaction, only when someone listens; published once durable)."""
+        if describe is None or not self.events.active:
+            return self.catalog.write(fn, op=op)
+        events: list[Event] = []
+
+        def with_events(txn: Txn) -> T:
+            result = fn(txn)
+            events[:] = describe(txn, result)
+            return result
+
+        result = self.catalog.write(with_events, op=op)
+        self.events.publish(events)
+        return result
 
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
         return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
@@ -248,14 +266,22 @@ class Store:
         return self._make("symlink", parent, name, KIND_SYMLINK, 0o777, uid, gid, target)
 
     def unlink(self, parent: int, name: bytes) -> int:
-        return self._change("unlink", lambda t: ns.unlink(t, parent, name))
+        return self._change("unlink", lambda t: ns.unlink(t, parent, name),
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, _path_in(t, parent, name))])
 
     def rmdir(self, parent: int, name: bytes) -> int:
-        return self._change("rmdir", lambda t: ns.rmdir(t, parent, name))
+        return self._change("rmdir", lambda t: ns.rmdir(t, parent, name),
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, _path_in(t, parent, name))])
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
         writing = frozenset(self._sessions)
-        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace, writing))
+
+        def describe(txn: Txn, _replaced: int | None) -> list[Event]:
+            moved = ns.lookup(txn.conn, new_parent, new_name, txn.gen)
+            return [Event(ev.RENAME, txn.gen, txn.now_ns, _path_in(txn, new_parent, new_name), _path_in(txn, parent, name),
+                          size=moved.size if moved.is_file else None)]
+
+        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace, writing), describe)
 
     def setattr(
         self,
@@ -416,7 +442,7 @@ class Store:
             ns.new_version(txn, row, size=size, mtime_ns=mtime, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
             return ns.getattr_(txn.conn, session.ino, txn.gen), stored
 
-        attr, stored = self._change("commit", fn)
+        attr, stored = self._change("commit", fn, lambda t, r: _version_events(t, r[0]))
         if attr is not None:  # the session goes on from the new body: hold it instead of the old one
             new_hold = self._hold_content(attr.content_id)
             with self._mutex:
@@ -458,7 +484,7 @@ class Store:
             txn.execute("INSERT INTO snapshots VALUES (?,?,?)", (name, txn.gen, txn.now_ns))
             return Snapshot(name, txn.gen, txn.now_ns)
 
-        return self._change("snapshot", fn)
+        return self._change("snapshot", fn, lambda t, s: [Event(ev.SNAPSHOT, s.gen, s.created_ns, snapshot=s.name)])
 
     def snapshot_list(self) -> list[Snapshot]:
         rows = self.catalog.read(lambda c: c.execute("SELECT name, gen, created_ns FROM snapshots ORDER BY gen, name").fetchall())
@@ -476,7 +502,7 @@ class Store:
                 raise NotFound(f"no snapshot named {name!r}")
             txn.gen  # a change to the catalog: bump the generation
 
-        self._change("snapshot-delete", fn)
+        self._change("snapshot-delete", fn, lambda t, _: [Event(ev.SNAPSHOT_DELETE, t.gen, t.now_ns, snapshot=name)])
 
     def history(self, target: int | str | bytes) -> list[VersionInfo]:
         """Content versions, newest first, of an inode or of a path (across every inode
@@ -507,6 +533,10 @@ class Store:
 
         return self.catalog.read(fn)
 
+    def diff(self, gen_a: int, gen_b: int | None = None) -> DiffReport:
+        """Paths added, removed and changed from generation `gen_a` to `gen_b` (default: the live tree)."""
+        return self._read(lambda c, g: compare(c, gen_a, g), gen_b)
+
     def restore(self, path: str, gen: int, to: str | None = None) -> Attr:
         """Make the file at `path` as of generation `gen` current again at `to` (default: `path`),
         as a new version that shares the old body: history is kept, no bytes are copied."""
@@ -532,7 +562,7 @@ class Store:
                            content_id=old.content_id, data_gen=txn.gen)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
-        return self._change("restore", fn)
+        return self._change("restore", fn, _version_events)
 
     def expire_history(self, keep_within_ns: int = 0) -> int:
         """Drop versions and entries that the live tree replaced or removed, that no snapshot
@@ -594,15 +624,34 @@ class Store:
             "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
         }
 
-    def gc(self) -> "GcReport":
+    def gc(self, progress: Callable[[int, int], None] | None = None) -> "GcReport":
         from .gc import collect
 
-        return collect(self)
+        with self._maintenance:
+            return collect(self, progress)
 
     def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> "FsckReport":
         from .fsck import check
 
-        return check(self, repair=repair, progress=progress)
+        with self._maintenance:  # never beside gc: gc would punch records fsck is reading
+            return check(self, repair=repair, progress=progress)
+
+
+def _path_in(txn: Txn, parent: int, name: bytes) -> str:
+    head = ns.paths_of(txn.conn, parent, txn.gen)
+    return f"{head[0].rstrip('/') if head else ''}/{name.decode(errors='replace')}"
+
+
+def _version_events(txn: Txn, attr: Attr | None) -> list[Event]:
+    """A `version` event for each path of a file whose new body this transaction committed."""
+    if attr is None:
+        return []
+    added = txn.execute(
+        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN (SELECT cid FROM extents WHERE content_id=?)",
+        (txn.gen, attr.content_id),
+    ).fetchone()[0]
+    return [Event(ev.VERSION, txn.gen, txn.now_ns, path, size=attr.size, added_bytes=added)
+            for path in ns.paths_of(txn.conn, attr.ino, txn.gen)]
 
 
 def _with_size(attr: Attr, size: int) -> Attr:
