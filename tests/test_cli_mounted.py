@@ -21,6 +21,8 @@ def test_commands_on_a_mounted_store(store, tmp_path):
             assert st["files"] == 1 and st["logical_bytes"] == 2_000_000
         cowfs("snapshot", "create", str(m), "one")
         assert os.listdir(m / ".snapshots") == ["one"]  # made through the daemon, visible in the mount
+        snaps = json.loads(cowfs("snapshot", "list", str(m), "--json").stdout)
+        assert [s["name"] for s in snaps] == ["one"] and snaps[0]["generation"] > 0
         (m / "run" / "model.pt").write_bytes(data(2_000_000, 2))
         assert cowfs("cat", str(m), "/run/model.pt", "--snapshot", "one").stdout == data(2_000_000, 1)
         log = json.loads(cowfs("log", str(m), "/run/model.pt", "--json").stdout)
@@ -32,6 +34,7 @@ def test_commands_on_a_mounted_store(store, tmp_path):
         assert not (m / ".snapshots" / "one").exists()  # the kernel's cached entry was invalidated
         r = cowfs("gc", str(m))
         assert b"freed" in r.stdout
+        assert json.loads(cowfs("gc", str(m), "--json").stdout)["bytes_freed"] >= 0
         assert (m / "run").is_dir()  # the mount keeps working after gc
         r = cowfs("fsck", str(store), "--json")  # checked through the daemon
         assert json.loads(r.stdout)["clean"]

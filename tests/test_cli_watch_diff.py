@@ -221,3 +221,21 @@ def test_progress_bars_on_a_terminal_only(store, tmp_path):
     assert code == 0 and "gc [" in shown and "100%" in shown
     code, shown = _run_on_a_terminal("fsck", str(store))
     assert code == 0 and "fsck [" in shown
+
+
+@pytest.mark.parametrize("args", [
+    ("diff", "{missing}", "a"),
+    ("diff", "{tmp}", "a"),
+    ("diff", "{store}", "nope"),
+    ("diff", "{store}", "@x"),
+    ("diff", "{store}", "@live", "@12345"),
+    ("watch", "{missing}"),
+    ("watch", "{tmp}"),
+])
+def test_diff_and_watch_bad_input(store, tmp_path, args):
+    (tmp_path / "plain").mkdir()
+    fill = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path / "plain"), "store": str(store)}
+    r = cowfs(*(a.format(**fill) for a in args), check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.startswith("cowfs: ") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "missing").exists()
