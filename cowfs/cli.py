@@ -9,7 +9,7 @@ import time
 from typing import Callable, Sequence
 
 from .control import Target, store_of
-from .errors import CowfsError, StoreError
+from .errors import CorruptCatalog, CowfsError, StoreError
 from .store import Store
 from .store.layout import DEFAULT_SEGMENT_SIZE, parse_size
 
@@ -60,7 +60,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    with Target(args.store) as t:
+    try:
+        target = Target(args.store)
+    except CorruptCatalog as e:  # a problem found (exit 1), not bad input: nothing can be checked or repaired
+        print(f"cowfs: {e}", file=sys.stderr)
+        return 1
+    with target as t:
         if t.mounted and args.repair:
             raise StoreError(f"{store_of(args.store)}: the store is mounted; unmount it to run fsck --repair "
                              "(a check without --repair runs while mounted)")

@@ -62,6 +62,16 @@ class StoreError(CowfsError):
 
 
 class CorruptData(CowfsError):
-    """Stored bytes fail their checksum: the read fails rather than lie."""
+    """Stored bytes fail their checksum: the read fails rather than lie.
+
+    A reader of a file version fills in which one (`ino`, `vid`, `generation`: the
+    generation that made that version current), so the failure can be reported by path."""
 
     errno = _errno.EIO
+    ino: int | None = None
+    vid: int | None = None
+    generation: int | None = None
+
+
+class CorruptCatalog(CorruptData):
+    """The SQLite catalog is damaged: not a database, or pages that fail SQLite's checks."""

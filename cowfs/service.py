@@ -17,8 +17,10 @@ WITH_PROGRESS = frozenset({"gc", "fsck", "prune"})
 
 
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:
-    if snapshot:
+    if snapshot is not None:  # an empty name is a name no snapshot has, not "live"
         return store.snapshot(snapshot).gen
+    if generation is not None and not 1 <= generation <= store.generation:
+        raise InvalidArgument(f"no generation {generation} (this store is at generation {store.generation})")
     return generation
 
 

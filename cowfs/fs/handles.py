@@ -13,6 +13,9 @@ from ..store.session import WriteSession
 class SharedSession:
     session: WriteSession
     handles: set[int] = field(default_factory=set)
+    # errno of a WRITE or commit that failed: the kernel has dropped those pages or told the
+    # writer, so nothing more of this session is committed (see operations.py, _session_failed)
+    error: int | None = None
 
 
 @dataclass

@@ -13,13 +13,15 @@ import functools
 import logging
 import os
 import stat
+import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
 import trio
 
-from ..errors import CowfsError, NotFound, ReadOnly
+from ..errors import CorruptData, CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
+from ..store.content import FileReader
 from ..store.store import validate_snapshot_name
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
@@ -30,6 +32,7 @@ T = TypeVar("T")
 
 LIVE_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 300.0
+CORRUPT_LOG_INTERVAL = 10.0  # seconds between log lines about the same damaged file version
 
 
 def translate_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -72,6 +75,7 @@ class CowfsOperations(pyfuse3.Operations):
         self._writer_open_lock = trio.Lock()
         self.mount_id: int | None = None  # set once mounted; enables the forked-copy check at FLUSH
         self._dir_ids = 0
+        self._corrupt_reported: dict[tuple[int, int], tuple[float, int]] = {}  # (ino, vid) -> (logged at, missed)
 
     # -- attributes --------------------------------------------------------------
 
@@ -176,10 +180,18 @@ class CowfsOperations(pyfuse3.Operations):
             # version the coming FLUSH commits, not into a catalog transaction of its own
             session.mtime_ns = mtime
             mtime = None
-        if mode is not None or uid is not None or gid is not None or mtime is not None:
-            new = await in_thread(lambda: self.store.setattr(ino, mode=mode, uid=uid, gid=gid, mtime_ns=mtime))
-        else:
-            new = self.store.getattr(ino)
+        try:
+            if mode is not None or uid is not None or gid is not None or mtime is not None:
+                new = await in_thread(lambda: self.store.setattr(ino, mode=mode, uid=uid, gid=gid, mtime_ns=mtime))
+            else:
+                new = self.store.getattr(ino)
+        except NotFound:
+            if mode is not None or uid is not None or gid is not None:
+                raise
+            # removed by an unlink or a rename while the kernel still has the inode: it writes
+            # back the times it cached (the unlink's ctime) at a close or later; they have
+            # nowhere to go, and the answer is the inode as it was
+            new = await in_thread(lambda: self.store.getattr(ino, self._gen_before_removal(ino)))
         return self._entry(LIVE_VIEW, new)
 
     @translate_errors
@@ -308,10 +320,35 @@ class CowfsOperations(pyfuse3.Operations):
         # the inode, shared by every open: while a writer has the file open, a new reader bypasses
         # that cache and reads the committed version from the log.
         pending = view.live and self.handles.session(ino) is not None
-        reader = await in_thread(self.store.open_reader, ino, view.gen)
+        try:
+            reader, attr = await in_thread(self._committed_version, view, ino)
+        except CorruptData as e:
+            self._report_corrupt(view, ino, e, "open")
+            raise pyfuse3.FUSEError(errno.EIO) from None
         f = self.handles.open_reader(inode, ino, reader)
-        f.attr = await in_thread(self.store.getattr, ino, view.gen)
+        f.attr = attr
         return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=not view.live)
+
+    def _committed_version(self, view: View, ino: int) -> tuple[FileReader, Attr]:
+        """A reader on the version an open gets, and its attributes (in a worker thread). A live
+        inode that a rename or an unlink removed after the kernel looked it up (its dentry still
+        names it for a moment) opens as on any POSIX file system: with the version it had."""
+        gen = view.gen if view.gen is not None else self.store.generation
+        try:
+            attr = self.store.getattr(ino, gen)
+        except NotFound:
+            if not view.live:
+                raise
+            gen = self._gen_before_removal(ino)
+            attr = self.store.getattr(ino, gen)
+        return self.store.open_reader(ino, gen), attr
+
+    def _gen_before_removal(self, ino: int) -> int:
+        """The last generation at which a removed live inode still had a version."""
+        versions = self.store.history(ino)  # newest first
+        if not versions or versions[0].death_gen is None:
+            raise NotFound(f"inode {ino} does not exist")
+        return versions[0].death_gen - 1
 
     @translate_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -325,19 +362,88 @@ class CowfsOperations(pyfuse3.Operations):
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
         f = self.handles.files[fh]
-        return await in_thread(f.read, off, size)
+        try:
+            return await in_thread(f.read, off, size)
+        except CorruptData as e:
+            view, _ = self._decode(f.fuse_ino)
+            if e.ino is None and f.attr is not None:  # a read through a write session: its base version
+                e.ino, e.vid, e.generation = f.attr.ino, f.attr.vid, f.attr.birth_gen
+            self._report_corrupt(view, f.store_ino, e, f"read at offset {off}")
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    def _report_corrupt(self, view: View, ino: int, e: CorruptData, what: str) -> None:
+        """Log a read that failed its checks: one line naming the path and version; further
+        failures of that version within CORRUPT_LOG_INTERVAL are counted into its next line."""
+        ino = e.ino if e.ino is not None else ino
+        key = (ino, e.vid or 0)
+        now = time.monotonic()
+        last, missed = self._corrupt_reported.get(key, (float("-inf"), 0))
+        if now - last < CORRUPT_LOG_INTERVAL:
+            self._corrupt_reported[key] = (last, missed + 1)
+            return
+        self._corrupt_reported[key] = (now, 0)
+        try:
+            paths = self.store.paths_of(ino, view.gen if view.gen is not None else self.store.generation)
+            where = ", ".join(paths or self.store.paths_of(ino)) or f"inode {ino}"
+        except CowfsError:  # a damaged catalog may not tell
+            where = f"inode {ino}"
+        version = f" version {e.vid} (generation {e.generation})" if e.vid is not None else ""
+        log.error("corrupt data: %s%s%s: %s failed: %s%s", where, f" in snapshot {view.name}" if view.name else "",
+                  version, what, e, f" ({missed} more failures of it since the last report)" if missed else "")
 
     @translate_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         f = self.handles.files[fh]
         if f.shared is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        return f.shared.session.write(off, buf)
+        if f.shared.error is not None:
+            raise pyfuse3.FUSEError(f.shared.error)
+        try:
+            return f.shared.session.write(off, buf)
+        except Exception as e:
+            self._session_failed(f, e, "write")
+            raise
+
+    def _session_failed(self, f: OpenFile, e: Exception, what: str) -> None:
+        """A WRITE or a commit of this session failed (ENOSPC, EIO). With the writeback cache
+        the kernel drops the pages of a failed WRITE and reports the error at close, without
+        a FLUSH; so from now on nothing of this session is committed: the file keeps its last
+        committed version, and FLUSH/fsync/WRITE on any of its handles fail with this error."""
+        assert f.shared is not None
+        if f.shared.error is not None:
+            return
+        f.shared.error = e.errno if isinstance(e, (CowfsError, OSError)) and e.errno else errno.EIO
+        log.warning("%s of %s failed (%s): %s; it keeps its last committed version",
+                    what, self._live_paths(f.store_ino), os.strerror(f.shared.error), e)
+        self._forget_cached(f.store_ino)  # unhashed now, the inode goes when its last user closes
+
+    def _live_paths(self, store_ino: int) -> str:
+        try:
+            return ", ".join(self.store.paths_of(store_ino, self.store.generation)) or f"inode {store_ino}"
+        except CowfsError:  # a damaged catalog may not tell
+            return f"inode {store_ino}"
+
+    def _forget_cached(self, store_ino: int) -> None:
+        """Make the kernel drop its inode of a file whose session failed: with the writeback
+        cache it trusts its own size and pages, which are those of writes that were never
+        committed. Invalidating every name of it evicts the inode once its last user closes
+        it, and the next lookup gets the committed version's attributes."""
+        for path in self.store.paths_of(store_ino, self.store.generation):
+            head, _, name = path.rpartition("/")
+            parent = self.store.resolve(head or "/").ino
+            pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name.encode(errors="surrogateescape"),
+                                           ignore_enoent=True)
 
     async def _commit(self, f: OpenFile) -> None:
         if f.shared is None or not f.shared.session.dirty:
             return
-        attr = await in_thread(f.shared.session.commit)
+        if f.shared.error is not None:
+            raise pyfuse3.FUSEError(f.shared.error)
+        try:
+            attr = await in_thread(f.shared.session.commit)
+        except Exception as e:
+            self._session_failed(f, e, "commit")
+            raise
         if attr is not None:
             f.attr = attr
             log.debug("committed inode %d: %d bytes at generation %d", f.store_ino, attr.size, attr.birth_gen)
@@ -365,19 +471,22 @@ class CowfsOperations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         f = self.handles.files[fh]
         try:
-            await self._commit(f)  # e.g. pages of a writable mmap written back after close
+            if f.shared is None or f.shared.error is None:
+                await self._commit(f)  # e.g. pages of a writable mmap written back after close
         finally:
             _, last = self.handles.close(fh)
             if last is not None:
                 last.close()  # committed already: this only drops pins, so it is quick and stays
                 # on this thread, leaving no moment where the table and the store disagree
+                if f.shared is not None and f.shared.error is not None:
+                    self._forget_cached(f.store_ino)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def commit_all(self) -> None:
         """Commit every open write session (unmount, SIGTERM)."""
         for shared in list(self.handles.sessions.values()):
-            if shared.session.dirty:
+            if shared.session.dirty and shared.error is None:
                 try:
                     await in_thread(shared.session.commit)
                 except Exception:

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ..errors import StoreError
+from ..errors import CorruptCatalog, NoSpace, StoreError
 from .schema import LIVE, ROOT_INO, SCHEMA, SCHEMA_VERSION, KIND_DIR
 
 T = TypeVar("T")
@@ -31,6 +31,13 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = OFF")
     return conn
+
+
+def damaged(path: Path, e: sqlite3.DatabaseError) -> CorruptCatalog | None:
+    """The engine's error for SQLite's "malformed" and "not a database" (None for any other error)."""
+    if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return CorruptCatalog(f"{path}: the catalog is damaged ({e})")
+    return None
 
 
 class Txn:
@@ -87,20 +94,72 @@ def create_catalog(path: Path, store_uuid: str) -> None:
         conn.close()
 
 
+def rebuild_catalog(path: Path, dest: Path) -> str | None:
+    """Copy every row of the catalog at `path` into a new catalog at `dest` whose indexes are
+    built afresh from the rows (fsck --repair of damaged index pages). Tables are read
+    without their indexes. Returns None when `dest` is complete, or why it could not be
+    (a damaged table); then `dest` is removed."""
+    dest.unlink(missing_ok=True)
+    conn = sqlite3.connect(f"file:{dest}", uri=True, isolation_level=None)
+    why: str | None = None
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("ATTACH ? AS old", (f"file:{path}?mode=ro",))
+        conn.execute("BEGIN")
+        for stmt in SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        for name, sql in conn.execute("SELECT name, sql FROM main.sqlite_schema WHERE type='table'").fetchall():
+            why = _copy_table(conn, name, sql)
+            if why is not None:
+                break
+        if why is None:
+            result = conn.execute("PRAGMA main.integrity_check").fetchone()[0]
+            why = None if result == "ok" else f"the copy fails its check: {result}"
+        conn.execute("COMMIT" if why is None else "ROLLBACK")
+    except sqlite3.DatabaseError as e:
+        why = str(e)
+    finally:
+        conn.close()
+        if why is not None:
+            for f in (dest, dest.with_name(dest.name + "-wal"), dest.with_name(dest.name + "-shm")):
+                f.unlink(missing_ok=True)
+    return why
+
+
+def _copy_table(conn: sqlite3.Connection, name: str, sql: str) -> str | None:
+    order = ""
+    if "WITHOUT ROWID" in sql.upper():  # scan the table's own b-tree, not a covering index
+        pk = sorted((r[5], r[1]) for r in conn.execute(f"PRAGMA main.table_info({name})") if r[5])
+        order = " ORDER BY " + ", ".join(col for _, col in pk)
+    try:  # WHERE 1 keeps SQLite from copying the old b-trees page by page (indexes too)
+        conn.execute(f"INSERT INTO main.{name} SELECT * FROM old.{name} NOT INDEXED WHERE 1{order}")
+    except sqlite3.DatabaseError as e:
+        return f"table {name}: {e}"
+    return None
+
+
 class Catalog:
     def __init__(self, path: Path) -> None:
         self.path = path
         if not path.is_file():
             raise StoreError(f"{path.parent}: catalog {path.name} is missing")
+        if not os.access(path, os.R_OK | os.W_OK):  # SQLite would open it read-only and fail at the first write
+            raise StoreError(f"{path}: permission denied (the catalog must be readable and writable)")
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        conn: sqlite3.Connection | None = None
         try:
-            self._conn = _connect(path, readonly=False)
-            version = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            conn = _connect(path, readonly=False)
+            version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{path}: catalog is unreadable ({e})") from None
+            if conn is not None:
+                conn.close()
+            raise damaged(path, e) or StoreError(f"{path}: catalog is unreadable ({e})") from None
+        self._conn = conn
         if version is None or int(version[0]) != SCHEMA_VERSION:
             self._conn.close()
             raise StoreError(f"{path}: catalog schema version {version and version[0]} is not supported")
@@ -146,7 +205,12 @@ class Catalog:
                 raise
             return result
 
-        return self._submit(run)
+        try:
+            return self._submit(run)
+        except sqlite3.DatabaseError as e:
+            if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:  # rolled back: nothing changed
+                raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
+            raise damaged(self.path, e) or e from None
 
     def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) on the writer thread without opening a transaction."""
@@ -171,11 +235,14 @@ class Catalog:
         conn = self.reader()
         if conn.in_transaction:
             return fn(conn)
-        conn.execute("BEGIN")
         try:
-            return fn(conn)
-        finally:
-            conn.execute("COMMIT")
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            raise damaged(self.path, e) or e from None
 
     def close(self) -> None:
         with self._readers_lock:  # readers first: the writer, closing last, checkpoints and removes the WAL

@@ -57,6 +57,13 @@ class StreamChunker:
         self.offset += pos
         return out
 
+    def state(self) -> tuple[int, bytes]:
+        return self.offset, self._carry
+
+    def restore(self, state: tuple[int, bytes]) -> None:
+        """Go back to a `state()` taken earlier (a batch whose chunks could not be stored)."""
+        self.offset, self._carry = state
+
     def reset(self, offset: int) -> None:
         """Drop the carry and restart the stream at `offset` (a known chunk boundary)."""
         self._carry = b""

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import CorruptData
 from .log import Location
 
 
@@ -27,22 +28,52 @@ class Extent:
 ReadChunk = Callable[[bytes, Location], bytes]
 
 
-def load_extents(conn: sqlite3.Connection, content_id: int | None) -> list[Extent]:
+@dataclass(frozen=True)
+class VersionId:
+    """Which file version a reader serves: reported with its CorruptData."""
+
+    ino: int
+    vid: int
+    generation: int  # the generation that made this version current
+
+
+def load_extents(conn: sqlite3.Connection, content_id: int | None, version: VersionId | None = None) -> list[Extent]:
+    """A body's extents. Given the `version` to be read, they are checked too: an extent whose
+    chunk row is missing, or extents that do not tile the body from 0 to its size (a damaged
+    catalog), make the version unreadable (CorruptData) instead of reading as zeros."""
     if content_id is None:
         return []
     rows = conn.execute(
-        "SELECT e.file_offset, e.length, c.hash, c.seg_id, c.offset, c.stored_len"
+        "SELECT e.file_offset, e.length, e.cid, c.hash, c.seg_id, c.offset, c.stored_len"
         " FROM extents e LEFT JOIN chunks c ON c.cid = e.cid"
         " WHERE e.content_id = ? ORDER BY e.file_offset",
         (content_id,),
     ).fetchall()
     out = []
-    for off, length, h, seg, roff, stored in rows:
+    for off, length, cid, h, seg, roff, stored in rows:
         if h is None:
+            if cid is not None and version is not None:
+                raise _corrupt(version, f"chunk {cid} of its extent at offset {off} is missing from the catalog")
             out.append(Extent(off, length, None, None))
         else:
             out.append(Extent(off, length, bytes(h), Location(seg, roff, stored)))
+    if version is not None:
+        size = conn.execute("SELECT size FROM contents WHERE content_id=?", (content_id,)).fetchone()
+        pos = 0
+        for e in out:
+            if e.offset != pos:
+                break
+            pos = e.end
+        if size is None or pos != size[0]:
+            raise _corrupt(version, f"its extents do not tile its {size[0] if size else '(missing)'} bytes")
     return out
+
+
+def _corrupt(version: VersionId, why: str) -> CorruptData:
+    err = CorruptData(f"inode {version.ino} version {version.vid} (generation {version.generation}): {why}"
+                      " (damaged catalog)")
+    err.ino, err.vid, err.generation = version.ino, version.vid, version.generation
+    return err
 
 
 def find_extent(extents: list[Extent], starts: list[int], pos: int) -> int:
@@ -96,15 +127,22 @@ def read_extents(extents: list[Extent], starts: list[int], size: int, cache: Chu
 class FileReader:
     """Reads one committed version; holds only its extent list and a small chunk cache."""
 
-    def __init__(self, extents: list[Extent], size: int, read_chunk: ReadChunk, on_close: Callable[[], None] | None = None) -> None:
+    def __init__(self, extents: list[Extent], size: int, read_chunk: ReadChunk, on_close: Callable[[], None] | None = None,
+                 version: VersionId | None = None) -> None:
         self.extents = extents
         self.size = size
+        self.version = version
         self._starts = [e.offset for e in extents]
         self._cache = ChunkCache(read_chunk)
         self._on_close = on_close
 
     def read(self, offset: int, length: int) -> bytes:
-        return read_extents(self.extents, self._starts, self.size, self._cache, offset, length)
+        try:
+            return read_extents(self.extents, self._starts, self.size, self._cache, offset, length)
+        except CorruptData as e:
+            if self.version is not None and e.ino is None:
+                e.ino, e.vid, e.generation = self.version.ino, self.version.vid, self.version.generation
+            raise
 
     def close(self) -> None:
         if self._on_close is not None:

@@ -4,7 +4,9 @@ Problems name the path, version and chunk they affect. `repair` fixes what it
 can without touching committed data that is intact: a chunk whose record is
 damaged is relocated to an intact copy found by scanning the log; a chunk with
 no intact copy is lost, and every version that needs it is dropped (a live file
-goes back to its newest intact version, or is removed if it has none).
+goes back to its newest intact version, or is removed if it has none). A catalog
+whose index pages are damaged is rebuilt from its tables; one whose tables are
+damaged is left as it is (restore it from a backup).
 """
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ from typing import TYPE_CHECKING, Callable
 
 import blake3
 
-from ..errors import StoreError
+from ..errors import CorruptCatalog, StoreError
 from . import namespace as ns
-from .catalog import Txn
-from .layout import segment_path
+from .catalog import Txn, rebuild_catalog
+from .layout import CATALOG_FILE, segment_path
 from .log import Location, round_up
 from .records import DATA_START, RecordError, decode_segment_header, record_span, scan_records
 from .schema import LIVE, ROOT_INO
@@ -34,12 +36,15 @@ class Problem:
     paths: list[str] = field(default_factory=list)
     vids: list[int] = field(default_factory=list)
     chunk: str | None = None
+    gens: list[int] = field(default_factory=list)  # per vid: the generation that made it current
 
     def line(self) -> str:
         where = []
         if self.paths:
             where.append("path " + ", ".join(self.paths))
-        if self.vids:
+        if self.vids and len(self.gens) == len(self.vids):
+            where.append("version " + ", ".join(f"{v} (generation {g})" for v, g in zip(self.vids, self.gens)))
+        elif self.vids:
             where.append("version " + ", ".join(map(str, self.vids)))
         if self.chunk:
             where.append("chunk " + self.chunk)
@@ -61,14 +66,16 @@ class FsckReport:
         return not self.problems
 
 
-def _affected(conn: sqlite3.Connection, cid: int) -> tuple[list[str], list[int]]:
+def _affected(conn: sqlite3.Connection, cid: int) -> tuple[list[str], list[int], list[int]]:
+    """Paths, versions and their generations that need chunk `cid`."""
     rows = conn.execute(
-        "SELECT DISTINCT v.vid, v.ino FROM versions v JOIN extents e ON e.content_id = v.content_id WHERE e.cid=?", (cid,)
+        "SELECT DISTINCT v.vid, v.ino, v.birth_gen FROM versions v JOIN extents e ON e.content_id = v.content_id"
+        " WHERE e.cid=? ORDER BY v.vid", (cid,)
     ).fetchall()
     paths: set[str] = set()
-    for _vid, ino in rows:
+    for _vid, ino, _gen in rows:
         paths.update(ns.paths_of(conn, ino))
-    return sorted(paths), sorted(v for v, _ in rows)
+    return sorted(paths), [v for v, _, _ in rows], [g for _, _, g in rows]
 
 
 def check(store: "Store", repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
@@ -76,18 +83,51 @@ def check(store: "Store", repair: bool = False, progress: Callable[[int, int], N
     catalog; records appended meanwhile lie beyond the committed ends it sees)."""
     t0 = time.monotonic()
     report = FsckReport()
-    bad_chunks, intact_copies = store.catalog.read(lambda conn: _scan(store, conn, report, progress))
+    bad_chunks, intact_copies = _checked_scan(store, report, progress)
+    if repair and any(p.kind == "catalog" for p in report.problems):
+        if not _rebuild_catalog(store, report):
+            report.seconds = time.monotonic() - t0
+            return report  # nothing is changed in a store whose catalog cannot be read whole
+        rescan = FsckReport()  # the rebuilt catalog, checked from the start
+        bad_chunks, intact_copies = _checked_scan(store, rescan, progress)
+        rescan.problems[:0] = [p for p in report.problems if p.kind == "catalog"]
+        rescan.repaired = report.repaired
+        report = rescan
     if repair and report.problems:
         _repair(store, report, bad_chunks, intact_copies)
     report.seconds = time.monotonic() - t0
     return report
 
 
+def _checked_scan(store: "Store", report: FsckReport, progress: Callable[[int, int], None] | None,
+                  ) -> tuple[dict[int, str], dict[bytes, tuple[int, int, int]]]:
+    try:
+        return store.catalog.read(lambda conn: _scan(store, conn, report, progress))
+    except CorruptCatalog as e:
+        report.problems.append(Problem("catalog", f"{e}: the check stopped there"))
+        return {}, {}
+
+
+def _rebuild_catalog(store: "Store", report: FsckReport) -> bool:
+    """Copy every row into a new catalog (its indexes built afresh) and swap it in; this mends
+    damaged index pages. A damaged table cannot be mended: then nothing is changed."""
+    new = store.root / (CATALOG_FILE + ".rebuild")
+    why = rebuild_catalog(store.catalog.path, new)
+    if why is not None:
+        report.problems.append(Problem("catalog", f"cannot rebuild the catalog ({why}); nothing was changed:"
+                                       f" restore {CATALOG_FILE} from a backup"))
+        return False
+    store.replace_catalog(new)
+    report.repaired.append("catalog: rebuilt from its tables (every row was readable; indexes made anew)")
+    return True
+
+
 def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress: Callable[[int, int], None] | None,
           ) -> tuple[dict[int, str], dict[bytes, tuple[int, int, int]]]:
-    integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
-    if integrity != "ok":
-        report.problems.append(Problem("catalog", f"SQLite quick_check: {integrity}"))
+    integrity = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
+    if integrity != ["ok"]:
+        lines = [line for msg in integrity for line in msg.splitlines() if not line.startswith("***")]
+        report.problems.append(Problem("catalog", "SQLite quick_check: " + "; ".join(lines)))
 
     bad_chunks: dict[int, str] = {}  # cid -> why
     intact_copies: dict[bytes, tuple[int, int, int]] = {}  # hash -> (seg, offset, stored_len) of an intact record
@@ -168,12 +208,17 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
         bad_chunks[cid] = "chunk row is missing from the catalog"
 
     for cid, why in sorted(bad_chunks.items()):
-        paths, vids = _affected(conn, cid)
+        paths, vids, gens = _affected(conn, cid)
         h = conn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
-        report.problems.append(Problem("chunk", why, paths, vids, bytes(h[0]).hex()[:16] if h else f"cid {cid}"))
+        report.problems.append(Problem("chunk", why, paths, vids, bytes(h[0]).hex()[:16] if h else f"cid {cid}", gens))
 
     _check_references(conn, report)
     return bad_chunks, intact_copies
+
+
+# extents that do not start where the previous one of their body ends (or at 0, for the first)
+UNTILED = ("SELECT content_id, file_offset FROM (SELECT content_id, file_offset, lag(file_offset + length, 1, 0)"
+           " OVER (PARTITION BY content_id ORDER BY file_offset) AS prev_end FROM extents) WHERE file_offset != prev_end")
 
 
 def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
@@ -188,6 +233,11 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
     add("body", "SELECT c.content_id, c.size, coalesce(sum(e.length),0) FROM contents c LEFT JOIN extents e"
         " ON e.content_id=c.content_id GROUP BY c.content_id HAVING coalesce(sum(e.length),0) != c.size",
         "body {0} size {1} differs from the sum of its extents {2}")
+    for content_id, offset in conn.execute(f"SELECT content_id, min(file_offset) FROM ({UNTILED}) GROUP BY content_id"):
+        rows = conn.execute("SELECT vid, ino, birth_gen FROM versions WHERE content_id=? ORDER BY vid", (content_id,)).fetchall()
+        paths = sorted({p for _, ino, _ in rows for p in ns.paths_of(conn, ino)})
+        report.problems.append(Problem("body", f"body {content_id} has a gap or overlap at offset {offset}: its extents"
+                                       " must tile it from offset 0", paths, [r[0] for r in rows], gens=[r[2] for r in rows]))
     add("version", "SELECT v.vid, v.ino FROM versions v LEFT JOIN inodes i ON i.ino=v.ino WHERE i.ino IS NULL",
         "version {0} belongs to missing inode {1}")
     add("entry", f"SELECT d.parent, d.name, d.ino FROM dentries d WHERE d.death_gen={LIVE} AND NOT EXISTS"
@@ -249,6 +299,7 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
             "SELECT DISTINCT content_id FROM extents WHERE cid IN (SELECT cid FROM fsck_lost)"
             " UNION SELECT c.content_id FROM contents c LEFT JOIN extents e ON e.content_id=c.content_id"
             " GROUP BY c.content_id HAVING coalesce(sum(e.length),0) != c.size"
+            f" UNION SELECT content_id FROM ({UNTILED})"
         ).fetchall()]
         reverted: set[int] = set()
         for content_id in broken:

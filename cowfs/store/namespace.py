@@ -103,7 +103,12 @@ def readdir(conn: sqlite3.Connection, ino: int, gen: int) -> list[tuple[bytes, A
         "SELECT name, ino FROM dentries WHERE parent=? AND birth_gen<=? AND death_gen>? ORDER BY name",
         (ino, gen, gen),
     ).fetchall()
-    return [(bytes(name), getattr_(conn, child, gen)) for name, child in rows]
+    out = []
+    for name, child in rows:
+        row = version_row(conn, child, gen)
+        if row is not None:  # no version at gen (fsck --repair dropped a damaged one): not there at gen
+            out.append((bytes(name), attr_from_row(conn, row, gen)))
+    return out
 
 
 def readlink(conn: sqlite3.Connection, ino: int, gen: int) -> bytes:

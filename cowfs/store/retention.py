@@ -75,6 +75,9 @@ def plan(snapshots: list[Snapshot], policy: KeepPolicy) -> list[Decision]:
     """A decision per snapshot, newest first."""
     if policy.empty:
         raise InvalidArgument("no keep rule given: refusing to delete every snapshot")
+    for rule, n in (("last", policy.last), ("hourly", policy.hourly), ("daily", policy.daily), ("weekly", policy.weekly)):
+        if n < 0:  # a negative count is no rule, yet it would get past the refusal above
+            raise InvalidArgument(f"--keep-{rule} must be 0 or more, not {n}")
     decisions = [Decision(s) for s in sorted(snapshots, key=lambda s: (s.created_ns, s.gen), reverse=True)]
     for d in decisions[: policy.last]:
         d.reasons.append(f"last {policy.last}")

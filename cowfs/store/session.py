@@ -135,38 +135,51 @@ class WriteSession:
         self.stream_extents: list[Extent] = []
         self._stream_starts: list[int] = []
         self.pending = bytearray()
-        self._job: Future | None = None
+        self._job: tuple[Future, bytes] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
 
     def _run_batch(self, data: bytes, final: bool) -> None:
+        """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
+        the chunker is put back as it was, so the same bytes can be run again."""
+        saved = self.chunker.state()
         chunks = self.chunker.feed(data, final=final)
         start = self.chunker.offset - sum(len(c) for c in chunks)
-        exts = self.writer.store(chunks, start)
+        try:
+            exts = self.writer.store(chunks, start)
+        except BaseException:
+            self.chunker.restore(saved)
+            raise
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
 
     def _wait(self) -> None:
+        """Wait for the running batch. If it failed, its bytes go back in front of `pending`
+        (its chunker state was restored): the view is unchanged, and the error is raised."""
         if self._job is not None:
-            job, self._job = self._job, None
-            job.result()
+            (job, data), self._job = self._job, None
+            try:
+                job.result()
+            except BaseException:
+                self.pending[:0] = data
+                raise
 
     def _submit_batch(self) -> None:
         self._wait()
         data = bytes(self.pending)
         self.pending = bytearray()
-        self._job = self._executor.submit(self._run_batch, data, False)
+        self._job = (self._executor.submit(self._run_batch, data, False), data)
 
     def _freeze(self) -> None:
         """Leave the fast path: unchunked stream bytes move to the overlay."""
         self._wait()
         start = self.chunker.offset
         rest = self.chunker.carry + bytes(self.pending)
+        self.overlay.write(start, rest)  # first: if the spill file is full, nothing has changed
         self.pending = bytearray()
         self.chunker.reset(start)
         self.streaming = False
         self.stream_end = start
-        self.overlay.write(start, rest)
 
     # -- the caller's operations ------------------------------------------------
 
@@ -179,6 +192,8 @@ class WriteSession:
         with self._lock:
             self.dirty = True
             if self.streaming and offset == self.stream_pos and not self.overlay:
+                if len(self.pending) + n >= BATCH:
+                    self._wait()  # a failed batch raises here, before this write changes anything
                 self.pending += data
                 self.stream_pos += n
                 if len(self.pending) >= BATCH:

@@ -22,7 +22,7 @@ from ..errors import Busy, InvalidArgument, IsADirectory, NotFound, StoreError
 from . import namespace as ns
 from .catalog import Catalog, Txn, create_catalog
 from . import events as ev
-from .content import Extent, FileReader, load_extents
+from .content import Extent, FileReader, VersionId, load_extents
 from .diff import DiffReport, compare
 from .events import Event, EventBus
 from .index import ChunkIndex
@@ -33,6 +33,7 @@ from .layout import (
     SEGMENTS_DIR,
     StoreConfig,
     check_new_store_dir,
+    fsync_dir,
     new_config,
     read_config,
     segment_path,
@@ -134,6 +135,7 @@ class Store:
         try:
             return cls(root, config, fd)
         except BaseException:
+            os.ftruncate(fd, 0)  # no process holds the store: leave no pid behind
             os.close(fd)
             raise
 
@@ -148,6 +150,16 @@ class Store:
         os.ftruncate(self._lock_fd, 0)
         os.close(self._lock_fd)
         self.closed = True
+
+    def replace_catalog(self, new: Path) -> None:
+        """Swap in a catalog rebuilt by fsck --repair (nothing else may use the store meanwhile)."""
+        self.catalog.close()  # checkpoints and removes its WAL
+        for suffix in ("-wal", "-shm"):  # an old WAL must never be replayed into the new file
+            (self.root / (CATALOG_FILE + suffix)).unlink(missing_ok=True)
+        os.replace(new, self.root / CATALOG_FILE)
+        fsync_dir(self.root)
+        self.catalog = Catalog(self.root / CATALOG_FILE)
+        self.index = ChunkIndex(self.catalog)
 
     def __enter__(self) -> "Store":
         return self
@@ -332,12 +344,12 @@ class Store:
             attr = ns.getattr_(conn, ino, g)
             if attr.is_dir:
                 raise IsADirectory(f"inode {ino} is a directory")
-            return attr, load_extents(conn, attr.content_id)
+            return attr, load_extents(conn, attr.content_id, VersionId(attr.ino, attr.vid, attr.birth_gen))
 
         with self.index.gc_lock:  # gc cannot drop the body between loading and holding it
             attr, extents = self._read(fn, gen)
             release = self._hold_content(attr.content_id)
-        return FileReader(extents, attr.size, self.read_chunk, release)
+        return FileReader(extents, attr.size, self.read_chunk, release, VersionId(attr.ino, attr.vid, attr.birth_gen))
 
     def _hold_content(self, cid: int | None) -> Callable[[], None]:
         """Keep a body alive against gc while a reader or session uses it."""
