@@ -425,3 +425,21 @@ def test_rename_over_a_file_before_close_keeps_the_previous_version_visible(path
         assert s.read_file("/model.safetensors") == data(300_000, 2)
         hist = s.history("/model.safetensors")
         assert [v.size for v in hist][:2] == [300_000, 300_000]
+
+
+def test_gc_keeps_chunks_an_uncommitted_session_found_by_dedup(path):
+    """A session that dedups against stored chunks pins them: expiry + gc before its commit
+    must not delete them (the chunks are unreferenced at that moment, but not dead)."""
+    body = data(20 << 20, 7)  # over one 8 MiB batch: chunks are looked up and pinned while writing
+    with Store.open(path) as s:
+        s.write_file("/a", body)
+        s.write_file("/a", b"other")  # body's version is history now, held by no snapshot
+        b = s.create(ROOT_INO, b"b")
+        with s.open_session(b.ino) as w:
+            w.write(0, body)
+            with w._lock:
+                w._wait()  # the batch has run: its chunks were found in the catalog and pinned
+            assert s.expire_history(0) > 0
+            s.gc()
+            w.commit()
+        assert s.read_file("/b") == body
