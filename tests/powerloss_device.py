@@ -298,6 +298,14 @@ class PLFileSegment(FileSegment):
             super().write(offset, data)
             d.touched(self.path, offset, len(data))
 
+    def write_parts(self, offset: int, parts: list[bytes | memoryview]) -> None:
+        n = sum(len(p) for p in parts)
+        d = _disk()
+        with d.lock:
+            d.point("write", f"{self.path.name}@{offset}+{n}")
+            super().write_parts(offset, parts)
+            d.touched(self.path, offset, n)
+
     def persist(self) -> None:
         d = _disk()
         with d.lock:

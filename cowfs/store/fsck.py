@@ -278,7 +278,7 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
             continue
         loc = Location(*copy)
         try:
-            store.log.read_chunk(loc, bytes(row[0]))  # CRC and BLAKE3 both
+            store.log.read_chunk(loc, bytes(row[0]))  # header CRC and BLAKE3
         except Exception:
             continue
         relocations[cid] = loc

@@ -23,9 +23,8 @@ from .records import (
     DATA_START,
     HEADER_SIZE,
     RecordError,
-    check_payload,
     decode_record_header,
-    encode_record,
+    record_parts,
     encode_segment_header,
     record_span,
 )
@@ -115,32 +114,35 @@ class Log:
                     self._rotate(record_span(len(items[i][1])))
                 assert self._head is not None
                 start = self._head_end
-                parts: list[bytes] = []
+                parts: list[bytes | memoryview] = []
                 pos = start
                 while i < len(items):
                     cid, data = items[i]
                     span = record_span(len(data))
                     if pos + span > self._head.size:
                         break
-                    parts.append(encode_record(cid, data, len(data)))
+                    parts.extend(record_parts(cid, data, len(data)))
                     locs.append(Location(self._head_id, pos, len(data)))
                     pos += span
                     i += 1
-                self._head.write(start, b"".join(parts))
+                self._head.write_parts(start, parts)
                 self._head_end = pos
                 self._unsynced.add(self._head_id)
         return locs
 
-    def read_chunk(self, loc: Location, chunk_id: bytes) -> bytes:
-        """Read and verify one chunk; damaged or missing bytes raise CorruptData."""
+    def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
+        """Read and verify one chunk; damaged or missing bytes raise CorruptData. The payload's
+        BLAKE3 must equal the chunk id, which catches all the CRC would, so the payload CRC
+        (there for scans that have no id to compare with) is not computed again here."""
         seg = self.segment(loc.seg_id)
-        buf = seg.read(loc.offset, HEADER_SIZE + loc.stored_len)
+        buf = memoryview(seg.read(loc.offset, HEADER_SIZE + loc.stored_len))
         try:
             head = decode_record_header(buf[:HEADER_SIZE])
             if head.chunk_id != chunk_id or head.stored_len != loc.stored_len:
                 raise RecordError("record does not hold the expected chunk")
             payload = buf[HEADER_SIZE:]
-            check_payload(head, payload)
+            if len(payload) != head.stored_len:
+                raise RecordError("record payload truncated")
         except RecordError as e:
             raise CorruptData(
                 f"chunk {chunk_id.hex()[:16]} at segment {loc.seg_id} offset {loc.offset}: {e}"

@@ -100,11 +100,21 @@ def decode_segment_header(buf: bytes) -> SegmentHeader:
 
 def encode_record(chunk_id: bytes, payload: bytes | memoryview, raw_len: int, codec: int = CODEC_RAW) -> bytes:
     """One padded chunk record, ready to append."""
+    return b"".join(record_parts(chunk_id, payload, raw_len, codec))
+
+
+_PADDING = bytes(RECORD_ALIGN)
+
+
+def record_parts(chunk_id: bytes, payload: bytes | memoryview, raw_len: int, codec: int = CODEC_RAW,
+                 ) -> tuple[bytes, bytes | memoryview, bytes]:
+    """The header, payload and padding of one record, to be written back to back without
+    copying the payload into a joined buffer."""
     pcrc = zlib.crc32(payload)
     head = RECORD_HEADER.pack(RECORD_MAGIC, KIND_CHUNK, codec, 0, len(payload), raw_len, chunk_id, pcrc, 0)
     head = head[:60] + struct.pack("<I", zlib.crc32(head[:60]))
     pad = record_span(len(payload)) - HEADER_SIZE - len(payload)
-    return b"".join((head, payload, bytes(pad)))
+    return head, payload, _PADDING[:pad]
 
 
 def decode_record_header(buf: bytes | memoryview) -> RecordHeader:

@@ -288,7 +288,7 @@ class WriteSession:
             return self.overlay.read(p.src, p.length)
         assert p.extent is not None and p.extent.chunk is not None and p.extent.loc is not None
         data = self._cache.get(p.extent.chunk, p.extent.loc)
-        return data[p.src:p.src + p.length]
+        return bytes(data[p.src:p.src + p.length])
 
     # -- commit --------------------------------------------------------------------
 
