@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, StoreError
@@ -258,7 +258,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .fs.mount import mount
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
-                 auto_snapshot=args.auto_snapshot, debug=args.debug)
+                 auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -267,8 +267,15 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return umount(args.mountpoint)
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit 2, like every other cowfs error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"cowfs: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrors(
         prog="cowfs",
         description="cowfs: deduplicated, crash-consistent, versioned storage for ML checkpoints.",
         epilog="example: cowfs init /data/store && cowfs stats /data/store",
@@ -291,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-other", action="store_true", help="let other users access the mount (FUSE allow_other)")
     s.add_argument("--auto-snapshot", metavar="INTERVAL", help="take a snapshot every INTERVAL (e.g. 10m) when no file is open for writing")
     s.add_argument("--debug", action="store_true", help="log every commit")
+    s.add_argument("--writeback-cache", action="store_true",
+                   help="let the kernel cache writes and send them back in its own order (off by default: "
+                   "in-order writes are chunked while they arrive; see docs/benchmarks.md)")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

@@ -102,3 +102,12 @@ def test_help_has_examples():
     for cmd in ("init", "fsck", "stats", "gc", "log", "cat", "ls"):
         r = run(cmd, "--help")
         assert r.returncode == 0 and b"example:" in r.stdout
+
+
+@pytest.mark.parametrize("args", [(), ("nope",), ("snapshot",), ("restore", "/tmp", "/x", "--generation", "abc"),
+                                  ("prune", "/tmp", "--keep-last", "x"), ("diff",), ("mount", "/tmp")])
+def test_usage_errors_are_one_line(args):
+    r = run(*args)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.startswith("cowfs: ") and "--help" in err and len(err.splitlines()) == 1, err
+    assert r.stdout == b""
