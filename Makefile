@@ -13,7 +13,7 @@ TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NATIVE_SRC := $(wildcard native/*.c)
 
-.PHONY: setup apt-deps test demo bench crashtest clean
+.PHONY: setup apt-deps test demo bench crashtest loadtest clean
 
 setup: $(STAMP)
 
@@ -45,13 +45,26 @@ test: setup
 demo: setup
 	$(VPY) tools/demo.py
 
-bench: setup
-	@echo "make bench: placeholder until the benchmark issue (issue 6); no benchmark exists yet"
+# issue 6 benchmark (tools/bench, docs/benchmarks.md): quick mode by default;
+# make bench ARGS=--full for GPT-2 small; ARGS="--full --update-docs" refreshes docs/benchmarks.md
+ARGS ?=
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(VPY) -m pip install --no-input -e '.[test,bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
+	COWFS_BENCH_COMMAND='make bench$(if $(ARGS), ARGS="$(ARGS)")' $(VPY) -m tools.bench $(ARGS)
 
 # kill -9 cycles through a real mount (tools/crashtest.py); CI runs 20 of them in make test
 N ?= 100
 crashtest: setup
 	$(VPY) tools/crashtest.py --cycles $(N)
+
+# 8 processes saving and reading checkpoints through one mount while snapshots and gc run
+SECONDS_LOAD ?= 300
+loadtest: setup
+	$(VPY) tools/loadtest.py --procs 8 --seconds $(SECONDS_LOAD)
 
 clean:
 	rm -rf $(VENV) build *.egg-info cowfs/_native*.so .pytest_cache .hypothesis

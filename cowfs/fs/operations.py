@@ -64,7 +64,11 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 class CowfsOperations(pyfuse3.Operations):
-    enable_writeback_cache = True
+    # Off by default (cowfs mount --writeback-cache turns it on): without it the kernel sends
+    # a file's writes in the order the program made them, which keeps a checkpoint save on
+    # the streaming path (chunked while it is written); with it, writeback reorders pages,
+    # the session spills them and re-chunks the file inside fsync. docs/benchmarks.md.
+    enable_writeback_cache = False
 
     def __init__(self, store: Store) -> None:
         super().__init__()
