@@ -1,0 +1,172 @@
+"""`python -m tools.bench [--full]`: the issue-6 benchmark. See docs/benchmarks.md.
+
+Quick mode (default): a ~17M-parameter GPT-2-shaped model, 10 checkpoints per workload.
+--full: the GPT-2 small shape (~124M parameters), 10 checkpoints per workload.
+Everything (stores, mounts, baseline directories) lives in one temporary directory
+under --dir, so cowfs and the baselines share a filesystem; it is removed at the end,
+and every mount is unmounted, also on Ctrl-C or an error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import extras, report
+from .models import GPT2_SMALL, QUICK, GPT, param_count
+from .series import run_series
+from .workloads import WORKLOADS, Scale
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--full", action="store_true", help="GPT-2 small (~124M parameters) instead of the quick model")
+    p.add_argument("--dir", default="/var/tmp", help="parent of the temporary work directory (stores and baselines; default /var/tmp)")
+    p.add_argument("--out", default=str(REPO / "bench-results"), help="where the JSON, Markdown and PNG go")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
+    p.add_argument("--checkpoints", type=int, default=10, help="checkpoints per workload (default 10)")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps between checkpoints (default 1)")
+    p.add_argument("--snapshot-files", type=int, default=10000, help="files in the snapshot test (0: skip it)")
+    p.add_argument("--writeback-mib", type=int, default=None, help="MiB for the writeback on/off test (0: skip; default 256 quick, 1024 full)")
+    p.add_argument("--update-docs", action="store_true", help="put the table and plot into docs/benchmarks.md and docs/bench.png")
+    return p.parse_args(argv)
+
+
+def filesystem_of(path: Path) -> str:
+    best = ("?", "?", "")
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if str(path).startswith(mnt.rstrip("/") + "/") or str(path) == mnt:
+                if len(mnt) >= len(best[2]):
+                    best = (dev, fstype, mnt)
+    return f"{best[1]} on {best[0]} ({path})"
+
+
+def git_commit() -> str:
+    r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
+def update_docs(md: str, png: Path | None, command: str, when: float) -> None:
+    """Replace the results section of docs/benchmarks.md (between the markers); copy the plot."""
+    text = DOCS.read_text()
+    body = f"{BEGIN}\nCommand: `{command}` (run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(when))}).\n\n{md}"
+    if png is not None:
+        shutil.copyfile(png, DOCS.parent / "bench.png")
+        body += "\n![stored bytes and save time per checkpoint](bench.png)\n"
+    body += f"{END}"
+    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _m: body, text, flags=re.S)
+    DOCS.write_text(text)
+
+
+_signalled = False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    global _signalled
+    _signalled = True
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        print(f"bench: unknown workload(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    cfg = GPT2_SMALL if args.full else QUICK
+    scale = Scale(steps=args.steps, batch=4, seq=64, frozen_trained_layers=2 if args.full else 1,
+                  lora_layers=4 if args.full else 2, sparse_rows_fraction=0.01)
+    wb_mib = args.writeback_mib if args.writeback_mib is not None else (1024 if args.full else 256)
+    out_dir = Path(args.out).absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    # SIGTERM unwinds like Ctrl-C, so every `finally` (unmount, cleanup) runs
+    signal.signal(signal.SIGTERM, _interrupt)
+    command = os.environ.get("COWFS_BENCH_COMMAND") or " ".join(
+        [".venv/bin/python -m tools.bench", *(sys.argv[1:] if argv is None else argv)])
+    results: dict[str, Any] = {
+        "mode": "full" if args.full else "quick", "model": cfg.name, "params": param_count(GPT(cfg)),
+        "checkpoints": args.checkpoints, "steps": args.steps, "scale": vars(scale), "fs": "",
+        "command": command, "git": git_commit(), "torch": torch.__version__, "python": platform.python_version(),
+        "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "started": time.time(), "series": [],
+    }
+    work = Path(tempfile.mkdtemp(prefix="bench-", dir=args.dir))
+    results["fs"] = filesystem_of(work)
+    log(f"bench ({results['mode']}): {cfg.name}, {results['params'] / 1e6:.1f}M parameters; work dir {work}")
+    try:
+        for i, name in enumerate(names):
+            log(f"workload {name}")
+            wl = WORKLOADS[name](cfg, scale, 1000 + i)
+            d = work / name
+            try:
+                results["series"].append(run_series(wl, args.checkpoints, d, log))
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+        if args.snapshot_files:
+            log(f"snapshot creation with {args.snapshot_files} files")
+            try:
+                results["snapshot_10k"] = extras.snapshot_many_files(work / "snap", args.snapshot_files, 5, log)
+            finally:
+                shutil.rmtree(work / "snap", ignore_errors=True)
+        if wb_mib:
+            log(f"writeback cache on vs off, {wb_mib} MiB")
+            try:
+                results["writeback"] = extras.writeback_compare(work / "wb", wb_mib << 20, 2, log)
+            finally:
+                shutil.rmtree(work / "wb", ignore_errors=True)
+    except BaseException as e:
+        if not (_signalled or isinstance(e, KeyboardInterrupt)):
+            raise
+        # (a library may turn the KeyboardInterrupt into its own error on the way out)
+        log("interrupted: mounts were unmounted, removing the work directory")
+        return 130
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["loadavg_end"] = os.getloadavg()
+    results["seconds"] = time.time() - results["started"]
+    summaries = [report.summarize_series(s) for s in results["series"]]
+    tgts = report.targets(summaries, results.get("snapshot_10k"))
+    results["summary"], results["targets"] = summaries, tgts
+    md = report.markdown(results, summaries, tgts)
+    stem = f"bench-{results['mode']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}")
+    png: Path | None = out_dir / f"{stem}.png"
+    if not report.plot(results, png):  # type: ignore[arg-type]
+        log("matplotlib is not installed (pip install '.[bench]'): no PNG")
+        png = None
+    print()
+    print(md)
+    log(f"took {results['seconds'] / 60:.1f} min; wrote {out_dir}/{stem}.json, .md" + (", .png" if png else ""))
+    if args.update_docs:
+        update_docs(md, png, command, results["started"])
+        log(f"updated {DOCS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
