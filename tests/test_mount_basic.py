@@ -132,3 +132,14 @@ def test_kill9_between_rename_and_close_keeps_previous_version(store, tmp_path):
     with mounted(store, mnt) as m:
         assert (m / "model.safetensors").read_bytes() in (a, b)
         assert os.listdir(m) == ["model.safetensors"]
+
+
+def test_paths_with_commas_and_backslashes_mount(tmp_path):
+    """libfuse splits mount options at commas; the store path goes into one (fsname)."""
+    base = tmp_path / "runs,2026\\x"
+    base.mkdir()
+    store_path = new_store(base / "store,a", segment_size=16 << 20)
+    with mounted(store_path, base / "mnt,a") as m:
+        (m / "model.pt").write_bytes(b"weights")
+        assert cowfs("cat", str(m), "/model.pt").stdout == b"weights"  # the mountpoint maps back to the store
+    assert_clean(store_path)

@@ -199,7 +199,8 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         ops = CowfsOperations(store)
         ops.enable_writeback_cache = writeback_cache
         options = set(pyfuse3.default_options)
-        options |= {f"fsname={FSNAME_PREFIX}{store.root}", "subtype=cowfs"}
+        # libfuse splits options at commas: a comma in the path is escaped with a backslash
+        options |= {f"fsname={FSNAME_PREFIX}{store.root}".replace("\\", "\\\\").replace(",", "\\,"), "subtype=cowfs"}
         if allow_other:
             options.add("allow_other")
         pyfuse3.init(ops, str(mountpoint), options)
