@@ -61,6 +61,7 @@ def run_loadtest(workdir: Path, procs: int, seconds: int, timeout: float) -> re.
 @pytest.mark.timeout(400)
 def test_load_8_procs(tmp_path: Path) -> None:
     m = run_loadtest(tmp_path / "load", procs=8, seconds=25, timeout=300)
+    print(m.group(0))  # the harness's summary line, shown with -rA / -s
     assert m["procs"] == "8"
     assert int(m["checkpoints"]) >= 8  # every writer wrote
     assert int(m["snapshots"]) >= 2  # at least one while writing, and the final one
