@@ -18,7 +18,8 @@ CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files
 EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB" (the CLI's and the test harnesses' way of showing sizes)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -55,7 +56,7 @@ def _progress(label: str, unit: Callable[[int], str] = str) -> Callable[[int, in
 def cmd_init(args: argparse.Namespace) -> int:
     size = parse_size(args.segment_size) if args.segment_size else DEFAULT_SEGMENT_SIZE
     cfg = Store.init(args.store, device=args.device, segment_size=size)
-    print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {_human(cfg.segment_size)})")
+    print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {human_bytes(cfg.segment_size)})")
     return 0
 
 
@@ -79,8 +80,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             print(f"repaired: {line}")
         state = "clean" if r["clean"] else f"{len(r['remaining'])} problem(s)"
         print(
-            f"fsck: {state}: {r['chunks_checked']} chunks, {_human(r['bytes_checked'])} verified in "
-            f"{r['segments_checked']} segments, {_human(r['unreferenced_bytes'])} unreferenced (gc reclaims it)"
+            f"fsck: {state}: {r['chunks_checked']} chunks, {human_bytes(r['bytes_checked'])} verified in "
+            f"{r['segments_checked']} segments, {human_bytes(r['unreferenced_bytes'])} unreferenced (gc reclaims it)"
         )
     return 0 if r["clean"] else 1
 
@@ -92,7 +93,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
     else:
         for key, value in stats.items():
-            shown = _human(value) if key.endswith("_bytes") else value
+            shown = human_bytes(value) if key.endswith("_bytes") else value
             print(f"{key:16} {shown}")
     return 0
 
@@ -122,8 +123,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"gc: {r['chunks_deleted']} chunks deleted, {_human(r['bytes_freed'])} freed on the device "
-          f"({_human(r['physical_bytes'])} in use) in {r['seconds']:.2f}s")
+    print(f"gc: {r['chunks_deleted']} chunks deleted, {human_bytes(r['bytes_freed'])} freed on the device "
+          f"({human_bytes(r['physical_bytes'])} in use) in {r['seconds']:.2f}s")
     return 0
 
 
@@ -151,7 +152,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         size = t.call("file_size", path=args.path, **_as_of(args))
         out = sys.stdout.buffer
-        show = _progress(args.path, _human) if size > CAT_PROGRESS_MIN and not sys.stdout.isatty() else None
+        show = _progress(args.path, human_bytes) if size > CAT_PROGRESS_MIN and not sys.stdout.isatty() else None
         pos = 0
         while pos < size:
             data = t.call("read", path=args.path, offset=pos, length=8 << 20, **_as_of(args))
@@ -200,7 +201,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     else:
         print(f"kept {kept}, removed {len(r['snapshots']) - kept}; dropped {r['history_rows_dropped']} history rows no snapshot holds")
         if r["gc"]:
-            print(f"gc: {_human(r['gc']['bytes_freed'])} freed on the device ({_human(r['gc']['physical_bytes'])} in use)")
+            print(f"gc: {human_bytes(r['gc']['bytes_freed'])} freed on the device ({human_bytes(r['gc']['physical_bytes'])} in use)")
     return 0
 
 
@@ -216,16 +217,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for e in r["entries"]:
         kind = "/" if e["kind"] == "dir" else "@" if e["kind"] == "symlink" else ""
         if e["change"] == "removed":
-            sizes = _human(e["size_a"])
+            sizes = human_bytes(e["size_a"])
         elif e["change"] == "added":
-            sizes = f"{_human(e['size_b'])}, {_human(e['shared_bytes'])} shared"
+            sizes = f"{human_bytes(e['size_b'])}, {human_bytes(e['shared_bytes'])} shared"
         else:
-            sizes = f"{_human(e['size_a'])} -> {_human(e['size_b'])}, {_human(e['shared_bytes'])} shared"
+            sizes = f"{human_bytes(e['size_a'])} -> {human_bytes(e['size_b'])}, {human_bytes(e['shared_bytes'])} shared"
         print(f"{DIFF_MARK[e['change']]}  {e['path']}{kind}  ({sizes})" if e["kind"] != "dir" else f"{DIFF_MARK[e['change']]}  {e['path']}/")
     n = r["summary"]
     print(f"{r['a']['ref']} (generation {r['a']['generation']}) -> {r['b']['ref']} (generation {r['b']['generation']}): "
           f"{n['added']} added, {n['removed']} removed, {n['changed']} changed, {n['unchanged']} unchanged; "
-          f"{_human(n['new_bytes'])} not in {r['a']['ref']}")
+          f"{human_bytes(n['new_bytes'])} not in {r['a']['ref']}")
     return 0
 
 

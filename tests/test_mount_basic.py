@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import pytest
 
@@ -143,3 +144,32 @@ def test_paths_with_commas_and_backslashes_mount(tmp_path):
         (m / "model.pt").write_bytes(b"weights")
         assert cowfs("cat", str(m), "/model.pt").stdout == b"weights"  # the mountpoint maps back to the store
     assert_clean(store_path)
+
+
+def _read_ahead_kib(mnt) -> int:  # type: ignore[no-untyped-def]
+    with open("/proc/self/mountinfo") as f:
+        dev = next(line.split()[2] for line in f if line.split()[4] == str(mnt))
+    with open(f"/sys/class/bdi/{dev}/read_ahead_kb") as f:
+        return int(f.read())
+
+
+@pytest.mark.parametrize("extra", [(), ("--writeback-cache",)])
+def test_read_ahead_raised_with_and_without_the_writeback_cache(store, tmp_path, extra):
+    from cowfs.fs.mount import READ_AHEAD_KIB
+
+    with mounted(store, tmp_path / "mnt", *extra) as m:
+        (m / "model.pt").write_bytes(data(3_000_000, 5))
+        assert (m / "model.pt").read_bytes() == data(3_000_000, 5)
+        deadline = time.monotonic() + 10  # set by the daemon once the kernel has its INIT reply
+        while _read_ahead_kib(m) != READ_AHEAD_KIB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _read_ahead_kib(m) == READ_AHEAD_KIB
+
+
+def test_writeback_cache_is_off_unless_asked() -> None:
+    from cowfs.cli import build_parser
+    from cowfs.fs.operations import CowfsOperations
+
+    assert CowfsOperations.enable_writeback_cache is False
+    assert build_parser().parse_args(["mount", "s", "m"]).writeback_cache is False
+    assert build_parser().parse_args(["mount", "s", "m", "--writeback-cache"]).writeback_cache is True

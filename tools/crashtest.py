@@ -79,6 +79,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from cowfs.cli import human_bytes
+from harnessutil import sha_file
+
 EMPTY = hashlib.sha256(b"").hexdigest()
 DIR = "DIR"
 RUN = "run"  # the writer's directory under the mount root
@@ -86,27 +89,6 @@ KEEP_CHECKPOINTS = 2
 SNAP_GLOB = "c[0-9]*-[0-9]*"  # matches every harness snapshot: an in-mount prune keeps them all
 STALL = 5.0  # seconds without a writer record while the daemon lives: a hang (a step takes < 0.5 s)
 MiB = 1 << 20
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def sha_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 20)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
 
 
 # ===================================================================================
@@ -723,7 +705,7 @@ class GcRequest:
         if self.result is None:
             return f"{self.op} killed {self.killed_in}" if self.killed_in else f"{self.op} failed"
         rows = f", {self.result['history_rows_dropped']} rows dropped" if self.op == "prune" else ""
-        return f"{self.op} {human(self.freed())} freed{rows}"
+        return f"{self.op} {human_bytes(self.freed())} freed{rows}"
 
 
 class Cycle:
@@ -1091,7 +1073,7 @@ class Harness:
                 f"writer {where}, snapshots {cyc.snap_at_kill} | {steps} steps, {n_closed} closes"
                 + (f" | mount gc: {gc_notes or 'none sent'}" + (f", {excused} closed versions expired" if excused else "")
                    if mount_gc else "")
-                + f" | {', '.join(notes)} | {nfiles} files + {nsnaps} snapshots, {human(verified)} verified | "
+                + f" | {', '.join(notes)} | {nfiles} files + {nsnaps} snapshots, {human_bytes(verified)} verified | "
                 f"{'recovered' if ok else 'FAILED'} ({time.monotonic() - t0:.1f}s)")
         return ok, line, problems
 
@@ -1170,7 +1152,7 @@ class Harness:
                 freed = json.loads(r.stdout)["bytes_freed"]
                 self.totals["gc_runs"] += 1
                 self.totals["gc_freed"] += freed
-                notes.append(f"gc {human(freed)} freed")
+                notes.append(f"gc {human_bytes(freed)} freed")
         return notes, found, dumped, verified
 
     # -- checks after remount ------------------------------------------------------------
@@ -1379,7 +1361,7 @@ class Harness:
         r = self.cowfs("stats", str(self.store), "--json")
         stats = json.loads(r.stdout) if r.returncode == 0 else {}
         self.print_totals(stats)
-        print(f"{recovered}/{a.cycles} recovered ({self.totals['kills']} kills, {human(self.totals['bytes'])} verified) "
+        print(f"{recovered}/{a.cycles} recovered ({self.totals['kills']} kills, {human_bytes(self.totals['bytes'])} verified) "
               f"in {time.monotonic() - t_start:.1f}s (seed {self.seed})"
               + ("; final unmount/fsck FAILED" if final else ""), flush=True)
         return 0 if recovered == a.cycles and not final else 1
@@ -1389,14 +1371,14 @@ class Harness:
         by = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])) or "none"  # noqa: E731
         print(f"kills: {T['kills']} (writer: {by(T['writer_at_kill'])}; {T['in_snapshot_mkdir']} during a snapshot "
               f"mkdir; {sum(T['in_gc'].values())} during an in-mount gc/prune: {by(T['in_gc'])})", flush=True)
-        print(f"verified: {human(T['bytes'])} ({T['bytes']} bytes): {T['files']} live files, {T['snapshots']} snapshot "
+        print(f"verified: {human_bytes(T['bytes'])} ({T['bytes']} bytes): {T['files']} live files, {T['snapshots']} snapshot "
               f"checks, {T['history_versions']} versions from history ({T['loaded_from_history']} loaded from there), "
               f"{T['closed']} closes reported by the writer", flush=True)
         print(f"in-mount gc: {T['mount_gc_cycles']} cycles, {T['mount_gc']['prune']} prune + {T['mount_gc']['gc']} gc "
-              f"requests, {T['mount_gc_answered']} answered: {human(T['mount_gc_freed'])} freed, {T['mount_gc_rows']} "
+              f"requests, {T['mount_gc_answered']} answered: {human_bytes(T['mount_gc_freed'])} freed, {T['mount_gc_rows']} "
               f"history rows dropped; {T['expired_by_prune']} closed versions expired by them", flush=True)
-        print(f"unmounted: gc {T['gc_runs']} runs, {human(T['gc_freed'])} freed; {T['expired']} history rows expired; store "
-              + (f"{human(stats.get('physical_bytes', 0))} physical, dedup {stats.get('dedup_ratio', 0):.2f}" if stats else "?"),
+        print(f"unmounted: gc {T['gc_runs']} runs, {human_bytes(T['gc_freed'])} freed; {T['expired']} history rows expired; store "
+              + (f"{human_bytes(stats.get('physical_bytes', 0))} physical, dedup {stats.get('dedup_ratio', 0):.2f}" if stats else "?"),
               flush=True)
 
 

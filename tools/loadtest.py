@@ -70,6 +70,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from cowfs.cli import human_bytes
+from harnessutil import sha_file
+
 EMPTY = hashlib.sha256(b"").hexdigest()
 MiB = 1 << 20
 KEEP_CKPT_DIRS = 2
@@ -83,27 +86,6 @@ OP_WEIGHTS = {
 
 class LoadError(Exception):
     """A check failed: the message says what was read and what was expected."""
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def sha_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(MiB)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
 
 
 def sha(data: bytes) -> str:
@@ -181,7 +163,7 @@ class WriterView(JournalTail):
 
     def allowed(self, path: str) -> set[str]:
         """The contents `path` may show: a version begun for it, or empty while being created.
-        safetensors' own `.tmpXXXXXX` siblings are renamed away before their close, so they
+        safetensors' own `.tmp<random>` siblings are renamed away before their close, so they
         only ever show their empty create-version."""
         ok = set(self.begun.get(path, ()))
         if path in self.empty_ok:
@@ -984,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for e in errors:
         print(f"ERROR: {e}", file=sys.stderr)
-    print(f"load: {args.procs} procs, {out.checkpoints} checkpoints written, {human(out.bytes_verified)} verified, "
+    print(f"load: {args.procs} procs, {out.checkpoints} checkpoints written, {human_bytes(out.bytes_verified)} verified, "
           f"{out.snapshots} snapshots, {out.gc_runs} gc runs, {len(errors)} errors, {out.fsck}", flush=True)
     if errors:
         print(f"loadtest: FAILED (seed {args.seed}); journals and store in {workdir}", file=sys.stderr)
