@@ -61,9 +61,10 @@ def run_crashtest(workdir: Path, cycles: int, timeout: float) -> str:
     return out
 
 
-def test_harness_model_is_strict():
+def test_harness_model_is_strict(monkeypatch):
     """The harness's own rules, without a mount: a snapshot must match the writer's log at a
     moment of its mkdir (not any version ever written), and a rename is all or nothing."""
+    monkeypatch.syspath_prepend(str(HARNESS.parent))  # as when run as a script: tools/ on the path
     spec = importlib.util.spec_from_file_location("crashtest", HARNESS)
     ct = importlib.util.module_from_spec(spec)
     sys.modules["crashtest"] = ct  # dataclasses look their module up
