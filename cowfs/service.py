@@ -98,7 +98,7 @@ def read(store: Store, path: str, offset: int, length: int, snapshot: str | None
     gen = _gen(store, snapshot, generation)
     attr = store.resolve(path, gen)
     with store.open_reader(attr.ino, gen) as reader:
-        return reader.read(offset, length)
+        return bytes(reader.read(offset, length))
 
 
 LIVE_REF = "@live"

@@ -5,7 +5,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..store import Attr, Store
-from ..store.content import FileReader
+from ..store.reader import FileReader
 from ..store.session import WriteSession
 
 
@@ -29,7 +29,7 @@ class OpenFile:
     attr: Attr | None = None  # last known attributes, served after an unlink until release
     opener_pid: int = 0  # the process (thread) that opened it
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes | memoryview:
         if self.shared is not None:
             return self.shared.session.read(offset, size)
         assert self.reader is not None

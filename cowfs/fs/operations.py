@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
@@ -21,7 +22,7 @@ import trio
 
 from ..errors import CorruptData, CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
-from ..store.content import FileReader
+from ..store.reader import FileReader
 from ..store.store import validate_snapshot_name
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
@@ -61,6 +62,23 @@ def translate_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await trio.to_thread.run_sync(functools.partial(fn, *args))
+
+
+async def wait_future(future: Future[Any]) -> None:
+    """Wait in trio, without a thread, until a concurrent.futures Future is done."""
+    if future.done():
+        return
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_f: object) -> None:
+        try:
+            token.run_sync_soon(done.set)
+        except trio.RunFinishedError:
+            pass
+
+    future.add_done_callback(wake)
+    await done.wait()
 
 
 class CowfsOperations(pyfuse3.Operations):
@@ -364,9 +382,21 @@ class CowfsOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
 
     @translate_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         f = self.handles.files[fh]
         try:
+            if f.reader is not None:
+                # A sequential reader's bytes are loaded ahead (store/reader.py): served here,
+                # or after waiting for their load, with no thread hop.
+                data = f.reader.cached(off, size)
+                if data is None:
+                    loading = f.reader.fetch(off, size)
+                    if loading is not None:
+                        for future in loading:
+                            await wait_future(future)
+                        data = f.reader.cached(off, size)
+                if data is not None:
+                    return data
             return await in_thread(f.read, off, size)
         except CorruptData as e:
             view, _ = self._decode(f.fuse_ino)

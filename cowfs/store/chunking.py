@@ -40,20 +40,27 @@ class StreamChunker:
     def carried(self) -> int:
         return len(self._carry)
 
-    def feed(self, data: bytes | memoryview, final: bool = False) -> list[bytes]:
-        buf = self._carry + bytes(data) if self._carry else bytes(data)
-        if not buf:
+    def feed(self, data: bytes | memoryview | list[bytes], final: bool = False) -> list[memoryview]:
+        """Cut the carried bytes and `data` (one buffer, or pieces to be taken in order): the
+        certain chunks, as views of one buffer made with a single copy (none when `data` is one
+        bytes object and nothing is carried)."""
+        pieces = list(data) if isinstance(data, list) else [data]
+        if self._carry:
+            pieces.insert(0, self._carry)
+        pieces = [p for p in pieces if len(p)]
+        if not pieces:
             return []
+        buf = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
         cuts = [c.length for c in _cdc.cut_buf(buf)]
         if not final:
             cuts.pop()
-        out: list[bytes] = []
+        out: list[memoryview] = []
         pos = 0
         mv = memoryview(buf)
         for n in cuts:
-            out.append(bytes(mv[pos:pos + n]))
+            out.append(mv[pos:pos + n])
             pos += n
-        self._carry = buf[pos:]
+        self._carry = bytes(mv[pos:])  # at most MAX_CHUNK bytes
         self.offset += pos
         return out
 
@@ -70,6 +77,6 @@ class StreamChunker:
         self.offset = offset
 
 
-def cut_all(data: bytes | memoryview) -> list[bytes]:
+def cut_all(data: bytes | memoryview) -> list[memoryview]:
     s = StreamChunker()
     return s.feed(data, final=True)

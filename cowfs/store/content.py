@@ -1,4 +1,4 @@
-"""A file body as an ordered list of extents, and the reader that serves it."""
+"""A file body as an ordered list of extents (reader.py serves committed versions from them)."""
 from __future__ import annotations
 
 import bisect
@@ -99,58 +99,3 @@ class ChunkCache:
         else:
             self._items.move_to_end(chunk)
         return data
-
-
-def read_extents(extents: list[Extent], starts: list[int], size: int, cache: ChunkCache, offset: int, length: int) -> bytes:
-    end = min(offset + length, size)
-    if offset >= end:
-        return b""
-    parts: list[bytes] = []
-    i = find_extent(extents, starts, offset)
-    pos = offset
-    while pos < end and i < len(extents):
-        ext = extents[i]
-        lo, hi = max(pos, ext.offset), min(end, ext.end)
-        if lo < hi:
-            if ext.chunk is None:
-                parts.append(bytes(hi - lo))
-            else:
-                data = cache.get(ext.chunk, ext.loc)  # type: ignore[arg-type]
-                parts.append(data[lo - ext.offset: hi - ext.offset])
-            pos = hi
-        i += 1
-    if pos < end:
-        parts.append(bytes(end - pos))
-    return b"".join(parts)
-
-
-class FileReader:
-    """Reads one committed version; holds only its extent list and a small chunk cache."""
-
-    def __init__(self, extents: list[Extent], size: int, read_chunk: ReadChunk, on_close: Callable[[], None] | None = None,
-                 version: VersionId | None = None) -> None:
-        self.extents = extents
-        self.size = size
-        self.version = version
-        self._starts = [e.offset for e in extents]
-        self._cache = ChunkCache(read_chunk)
-        self._on_close = on_close
-
-    def read(self, offset: int, length: int) -> bytes:
-        try:
-            return read_extents(self.extents, self._starts, self.size, self._cache, offset, length)
-        except CorruptData as e:
-            if self.version is not None and e.ino is None:
-                e.ino, e.vid, e.generation = self.version.ino, self.version.vid, self.version.generation
-            raise
-
-    def close(self) -> None:
-        if self._on_close is not None:
-            self._on_close()
-            self._on_close = None
-
-    def __enter__(self) -> "FileReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

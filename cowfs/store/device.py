@@ -32,6 +32,8 @@ class Segment(Protocol):
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None: ...
     def write_parts(self, offset: int, parts: list[bytes | memoryview]) -> None: ...
     def read(self, offset: int, length: int) -> bytes: ...
+    def read_into(self, offset: int, buffers: list[memoryview]) -> int: ...
+    def will_need(self, offset: int, length: int) -> None: ...
     def persist(self) -> None: ...
     def punch(self, offset: int, length: int) -> None: ...
     def truncate(self, length: int) -> None: ...
@@ -103,6 +105,34 @@ class FileSegment:
             _raise_os(e, f"read {self.path}")
             raise
 
+    def read_into(self, offset: int, buffers: list[memoryview]) -> int:
+        """Fill `buffers` back to back from `offset` (preadv: straight from the page cache into
+        them); returns the bytes read, short only at the end of the file."""
+        views = [b for b in buffers if len(b)]
+        total = 0
+        try:
+            while views:
+                n = os.preadv(self.fd, views[:IOV_MAX], offset)
+                if n == 0:
+                    break
+                offset += n
+                total += n
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if n:
+                    views[0] = views[0][n:]
+        except OSError as e:
+            _raise_os(e, f"read {self.path}")
+        return total
+
+    def will_need(self, offset: int, length: int) -> None:
+        """Start reading these bytes into the page cache without waiting (a hint: errors ignored)."""
+        try:
+            os.posix_fadvise(self.fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+
     def persist(self) -> None:
         try:
             os.fdatasync(self.fd)
@@ -169,6 +199,19 @@ class PmemSegment(FileSegment):
         if self.map is None:
             return b""
         return self.map[offset:offset + length]
+
+    def read_into(self, offset: int, buffers: list[memoryview]) -> int:
+        if self.map is None:
+            return 0
+        pos = offset
+        with memoryview(self.map) as whole:
+            for buf in buffers:
+                n = max(0, min(len(buf), self.size - pos))
+                buf[:n] = whole[pos:pos + n]
+                pos += n
+                if n < len(buf):
+                    break
+        return pos - offset
 
     def persist(self) -> None:
         with self._dirty_lock:

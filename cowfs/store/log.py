@@ -22,6 +22,7 @@ from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
     DATA_START,
     HEADER_SIZE,
+    RECORD_ALIGN,
     RecordError,
     decode_record_header,
     record_parts,
@@ -45,6 +46,14 @@ class Location:
 
 def round_up(n: int, align: int = 4096) -> int:
     return (n + align - 1) // align * align
+
+
+def check_chunk(chunk_id: bytes, data: bytes | memoryview) -> None:
+    """Raise CorruptData unless `data` hashes to `chunk_id`. The payload's BLAKE3 must equal
+    the chunk id, which catches all the payload CRC would, so reads do not compute that CRC
+    (it is there for scans, which have no id to compare with)."""
+    if blake3.blake3(data).digest() != chunk_id:
+        raise CorruptData(f"chunk {chunk_id.hex()[:16]}: content hash mismatch")
 
 
 class Log:
@@ -131,25 +140,49 @@ class Log:
         return locs
 
     def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
-        """Read and verify one chunk; damaged or missing bytes raise CorruptData. The payload's
-        BLAKE3 must equal the chunk id, which catches all the CRC would, so the payload CRC
-        (there for scans that have no id to compare with) is not computed again here."""
-        seg = self.segment(loc.seg_id)
-        buf = memoryview(seg.read(loc.offset, HEADER_SIZE + loc.stored_len))
+        """Read and verify one chunk; damaged or missing bytes raise CorruptData."""
+        dest = memoryview(bytearray(loc.stored_len))
+        self.read_run(loc.seg_id, loc.offset, [(chunk_id, dest)])
+        return dest
+
+    def will_need(self, seg_id: int, offset: int, length: int) -> None:
+        """A hint that these bytes of a segment will be read soon (the device may start reading)."""
         try:
-            head = decode_record_header(buf[:HEADER_SIZE])
-            if head.chunk_id != chunk_id or head.stored_len != loc.stored_len:
-                raise RecordError("record does not hold the expected chunk")
-            payload = buf[HEADER_SIZE:]
-            if len(payload) != head.stored_len:
-                raise RecordError("record payload truncated")
-        except RecordError as e:
-            raise CorruptData(
-                f"chunk {chunk_id.hex()[:16]} at segment {loc.seg_id} offset {loc.offset}: {e}"
-            ) from None
-        if blake3.blake3(payload).digest() != chunk_id:
-            raise CorruptData(f"chunk {chunk_id.hex()[:16]}: content hash mismatch")
-        return payload
+            self.segment(seg_id).will_need(offset, length)
+        except CorruptData:
+            pass  # a missing segment: the read itself will say so
+
+    def read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool = True) -> None:
+        """Read records lying back to back from `offset` of one segment, each chunk's payload
+        straight into its `dest` (one preadv: headers and padding go to scratch buffers), and
+        check them: a bad header, a record that is not the expected chunk or missing bytes
+        raise CorruptData. With `verify`, each payload's BLAKE3 is checked too (`check_chunk`);
+        a caller that passes False must check each payload before using it."""
+        seg = self.segment(seg_id)
+        heads = memoryview(bytearray(HEADER_SIZE * len(items)))
+        pad = memoryview(bytearray(RECORD_ALIGN))
+        buffers: list[memoryview] = []
+        for k, (_cid, dest) in enumerate(items):
+            buffers.append(heads[k * HEADER_SIZE:(k + 1) * HEADER_SIZE])
+            buffers.append(dest)
+            gap = record_span(len(dest)) - HEADER_SIZE - len(dest)
+            if gap:
+                buffers.append(pad[:gap])
+        got = seg.read_into(offset, buffers)
+        pos = offset
+        for k, (cid, dest) in enumerate(items):
+            where = f"chunk {cid.hex()[:16]} at segment {seg_id} offset {pos}"
+            if got < pos - offset + HEADER_SIZE + len(dest):
+                raise CorruptData(f"{where}: record truncated (the segment ends at {offset + got})")
+            try:
+                head = decode_record_header(heads[k * HEADER_SIZE:(k + 1) * HEADER_SIZE])
+            except RecordError as e:
+                raise CorruptData(f"{where}: {e}") from None
+            if head.chunk_id != cid or head.stored_len != len(dest):
+                raise CorruptData(f"{where}: record does not hold the expected chunk")
+            if verify:
+                check_chunk(cid, dest)
+            pos += record_span(len(dest))
 
     # -- durability -------------------------------------------------------
 

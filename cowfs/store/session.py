@@ -56,7 +56,7 @@ class ChunkWriter:
         self.locations: dict[bytes, Location] = {}
         self.new_bytes = 0
 
-    def store(self, chunks: list[bytes], offset: int) -> list[Extent]:
+    def store(self, chunks: list[memoryview], offset: int) -> list[Extent]:
         if not chunks:
             return []
         hashes = [chunk_id(c) for c in chunks]
@@ -64,7 +64,7 @@ class ChunkWriter:
         self.pins.extend(hashes)
         for h, loc in known.items():
             self.locations.setdefault(h, loc)
-        todo: list[tuple[bytes, bytes]] = []
+        todo: list[tuple[bytes, memoryview]] = []
         queued: set[bytes] = set()
         for h, c in zip(hashes, chunks):
             if h not in self.locations and h not in queued:
@@ -134,12 +134,14 @@ class WriteSession:
         self.chunker = StreamChunker()
         self.stream_extents: list[Extent] = []
         self._stream_starts: list[int] = []
-        self.pending = bytearray()
-        self._job: tuple[Future, bytes] | None = None  # the running batch and its bytes
+        # bytes written after the chunker's carry, as received (joined once, by the worker)
+        self.pending: list[bytes] = []
+        self.pending_len = 0
+        self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
 
-    def _run_batch(self, data: bytes, final: bool) -> None:
+    def _run_batch(self, data: list[bytes], final: bool) -> None:
         """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
@@ -162,21 +164,22 @@ class WriteSession:
                 job.result()
             except BaseException:
                 self.pending[:0] = data
+                self.pending_len += sum(len(d) for d in data)
                 raise
 
     def _submit_batch(self) -> None:
         self._wait()
-        data = bytes(self.pending)
-        self.pending = bytearray()
+        data = self.pending
+        self.pending, self.pending_len = [], 0
         self._job = (self._executor.submit(self._run_batch, data, False), data)
 
     def _freeze(self) -> None:
         """Leave the fast path: unchunked stream bytes move to the overlay."""
         self._wait()
         start = self.chunker.offset
-        rest = self.chunker.carry + bytes(self.pending)
+        rest = b"".join([self.chunker.carry, *self.pending])
         self.overlay.write(start, rest)  # first: if the spill file is full, nothing has changed
-        self.pending = bytearray()
+        self.pending, self.pending_len = [], 0
         self.chunker.reset(start)
         self.streaming = False
         self.stream_end = start
@@ -192,11 +195,12 @@ class WriteSession:
         with self._lock:
             self.dirty = True
             if self.streaming and offset == self.stream_pos and not self.overlay:
-                if len(self.pending) + n >= BATCH:
+                if self.pending_len + n >= BATCH:
                     self._wait()  # a failed batch raises here, before this write changes anything
-                self.pending += data
+                self.pending.append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
+                self.pending_len += n
                 self.stream_pos += n
-                if len(self.pending) >= BATCH:
+                if self.pending_len >= BATCH:
                     self._submit_batch()
             else:
                 if self.streaming:
@@ -257,7 +261,7 @@ class WriteSession:
             chunks_end = self.chunker.offset if self.streaming else s_end
             yield from self._extent_pieces(self.stream_extents, self._stream_starts, a, min(b, chunks_end))
             if self.streaming and b > chunks_end:
-                mem = self.chunker.carry + bytes(self.pending)
+                mem = b"".join([self.chunker.carry, *self.pending])
                 lo, hi = max(a, chunks_end), min(b, s_end)
                 if lo < hi:
                     yield Piece(lo, hi - lo, "memory", src=lo - chunks_end, mem=mem)
@@ -297,8 +301,8 @@ class WriteSession:
         regions are re-chunked until the chunker lands on an intact chunk again."""
         self._wait()
         if self.streaming and not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
-            self._run_batch(bytes(self.pending), final=True)
-            self.pending = bytearray()
+            self._run_batch(self.pending, final=True)
+            self.pending, self.pending_len = [], 0
             return list(self.stream_extents)
         out: list[Extent] = []
         chunker = StreamChunker()

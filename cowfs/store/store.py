@@ -22,7 +22,8 @@ from ..errors import Busy, InvalidArgument, IsADirectory, NotFound, StoreError
 from . import namespace as ns
 from .catalog import Catalog, Txn, create_catalog
 from . import events as ev
-from .content import Extent, FileReader, VersionId, load_extents
+from .content import Extent, VersionId, load_extents
+from .reader import FileReader
 from .diff import DiffReport, compare
 from .events import Event, EventBus
 from .index import ChunkIndex
@@ -39,7 +40,7 @@ from .layout import (
     segment_path,
     write_config,
 )
-from .log import Location, Log
+from .log import Location, Log, check_chunk
 from .namespace import Attr
 from .records import DATA_START
 from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
@@ -86,6 +87,8 @@ class Store:
         self.log = Log(root, config, self._new_segment_id)
         self.index = ChunkIndex(self.catalog)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
+        # reads ahead for sequential readers (FileReader), so a window is read while the last is served
+        self.readahead = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-readahead")
         self._sessions: dict[int, WriteSession] = {}
         self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
         self._session_holds: dict[int, Callable[[], None]] = {}
@@ -145,6 +148,7 @@ class Store:
         for session in list(self._sessions.values()):
             session.close()
         self.executor.shutdown(wait=True)
+        self.readahead.shutdown(wait=True, cancel_futures=True)
         self.log.close()
         self.catalog.close()
         os.ftruncate(self._lock_fd, 0)
@@ -349,7 +353,9 @@ class Store:
         with self.index.gc_lock:  # gc cannot drop the body between loading and holding it
             attr, extents = self._read(fn, gen)
             release = self._hold_content(attr.content_id)
-        return FileReader(extents, attr.size, self.read_chunk, release, VersionId(attr.ino, attr.vid, attr.birth_gen))
+        return FileReader(extents, attr.size, self.log.read_run, check_chunk, release,
+                          VersionId(attr.ino, attr.vid, attr.birth_gen), prefetch=self.readahead.submit,
+                          advise=self.log.will_need)
 
     def _hold_content(self, cid: int | None) -> Callable[[], None]:
         """Keep a body alive against gc while a reader or session uses it."""
@@ -469,7 +475,7 @@ class Store:
     def read_file(self, path: str | bytes, gen: int | None = None) -> bytes:
         attr = self.resolve(path, gen)
         with self.open_reader(attr.ino, gen) as r:
-            return r.read(0, r.size)
+            return bytes(r.read(0, r.size))
 
     def write_file(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Attr:
         raw = path.encode() if isinstance(path, str) else path

@@ -1,0 +1,302 @@
+"""Reading a committed version: whole chunks read in windows, read ahead for sequential readers.
+
+A read is served from windows. Window k holds the whole chunks covering file bytes
+[k * WINDOW, (k + 1) * WINDOW): one `read_run` (a preadv) per run of records that lie back to
+back in a segment, their headers checked as they arrive. A chunk's payload is verified against
+its BLAKE3 id when a read first serves it, in the thread that serves it: the window's loader
+then needs the GIL once per window instead of once per chunk (blake3 releases the GIL for every
+call, and getting it back waits for the FUSE thread), and only reads of a damaged chunk fail.
+
+While window k is read, windows k + 1 .. k + AHEAD are loaded by `prefetch` (a thread pool's
+submit), and each load tells the device (`advise`) to start reading the window AHEAD after it.
+The kernel's read-ahead sends several READs at once and they arrive out of order, so windows
+are found by index, not by the last read. A read far from the last one reads just its own
+chunks. A reader keeps the window before the one being read and AHEAD after it: about
+(AHEAD + 2) * WINDOW bytes while it is read sequentially.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from concurrent.futures import Future
+from typing import Callable, Iterator
+
+from ..errors import CorruptData
+from .content import Extent, VersionId, find_extent
+from .records import MAX_PAYLOAD
+
+# read_run(segment, offset, [(chunk id, destination)], verify): records back to back from offset
+ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], None]
+CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BLAKE3(data) == id
+Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
+Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
+
+WINDOW = 4 << 20  # bytes of a window (the kernel sends READs of up to 1 MiB)
+AHEAD = 2  # windows loaded ahead of the one being read
+MAX_RUN = 256  # records per read_run (3 buffers each, within one preadv's 1024)
+
+
+class Window:
+    """Bytes of a version from file offset `base`, and which of its chunks are verified."""
+
+    def __init__(self, base: int, data: memoryview, chunks: list[tuple[int, int, bytes]]) -> None:
+        self.base = base
+        self.data = data
+        self._starts = [s for s, _e, _c in chunks]  # file offsets of the chunks, ascending
+        self._chunks = chunks  # (start, end, chunk id)
+        self._verified = bytearray(len(chunks))
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.data)
+
+    def serve(self, offset: int, end: int, check: CheckChunk) -> memoryview:
+        """Bytes [offset, end), which it must hold; their chunks verified first (once each)."""
+        i = max(bisect.bisect_right(self._starts, offset) - 1, 0)
+        while i < len(self._chunks) and self._chunks[i][0] < end:
+            if not self._verified[i]:
+                start, stop, cid = self._chunks[i]
+                check(cid, self.data[start - self.base:stop - self.base])
+                self._verified[i] = 1
+            i += 1
+        return self.data[offset - self.base:end - self.base]
+
+
+class FileReader:
+    """Reads one committed version (thread-safe); see the module docstring."""
+
+    def __init__(self, extents: list[Extent], size: int, read_run: ReadRun, check: CheckChunk,
+                 on_close: Callable[[], None] | None = None, version: VersionId | None = None,
+                 prefetch: Prefetch | None = None, advise: Advise | None = None) -> None:
+        self.extents = extents
+        self.size = size
+        self.version = version
+        self._starts = [e.offset for e in extents]
+        self._read_run = read_run
+        self._check = check
+        self._prefetch = prefetch
+        self._advise = advise
+        self._on_close = on_close
+        self._lock = threading.Lock()  # guards the fields below; never held during I/O
+        self._windows: dict[int, Future[Window]] = {}
+        self._last = -2  # window index of the last read
+        self._closed = False
+
+    # -- the three ways to read -------------------------------------------------------
+
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """Bytes [offset, offset + length) (fewer at the end of the file), waiting for I/O."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return b""
+        with self._named_errors():
+            mine: list[tuple[int, Future[Window]]] = []
+            with self._lock:
+                futures = self._plan(offset, end, mine)
+            for k, f in mine:  # windows nobody was loading: load them here
+                try:
+                    f.set_result(self._load_window(k))
+                except BaseException as e:
+                    f.set_exception(e)
+            if futures is not None:
+                try:
+                    return self._serve([f.result() for f in futures], offset, end)
+                except CorruptData as e:
+                    if not any(f.exception() is not None for f in futures):
+                        raise  # a damaged chunk within [offset, end)
+            # a read far from the last, or a window that failed to load (a damaged record
+            # somewhere in it): read what is asked for alone, so only its own chunks count
+            return self._serve([self._load_range(offset, end)], offset, end)
+
+    def cached(self, offset: int, length: int) -> bytes | memoryview | None:
+        """The bytes if their windows are loaded, without waiting for any I/O (for a caller that
+        must not block; it verifies their chunks, ~0.1 ms per MiB); None if it has to wait."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return b""
+        first, last = offset // WINDOW, (end - 1) // WINDOW
+        with self._lock:
+            futures = [self._windows.get(k) for k in range(first, last + 1)]
+            if any(f is None or not f.done() or f.exception() is not None for f in futures):
+                return None
+            self._note_read(first, last)
+        with self._named_errors():
+            return self._serve([f.result() for f in futures if f is not None], offset, end)
+
+    def fetch(self, offset: int, length: int) -> list[Future[Window]] | None:
+        """Start loading (in the prefetch pool) the windows a read needs, without waiting; their
+        futures, after which `cached` serves it. None: this read is not served from windows
+        (a jump, or no pool): use `read`."""
+        end = min(offset + length, self.size)
+        if offset >= end or self._prefetch is None:
+            return None
+        with self._lock:
+            return self._plan(offset, end, None)
+
+    # -- windows ------------------------------------------------------------------------
+
+    def _plan(self, offset: int, end: int, mine: list[tuple[int, Future[Window]]] | None) -> list[Future[Window]] | None:
+        """(lock held) The futures of the windows covering [offset, end), made where missing:
+        appended to `mine` for the caller to load, or given to the prefetch pool if `mine` is
+        None. None if the read is far from the last one (not served from windows)."""
+        first, last = offset // WINDOW, (end - 1) // WINDOW
+        if not (self._last - 1 <= first <= self._last + 1 or first == 0) or self._closed:
+            self._last = last
+            return None
+        futures = []
+        for k in range(first, last + 1):
+            f = self._windows.get(k)
+            if f is None:
+                if mine is None:
+                    assert self._prefetch is not None
+                    f = self._prefetch(self._load_window, k)
+                else:
+                    f = Future()
+                    f.set_running_or_notify_cancel()
+                    mine.append((k, f))
+                self._windows[k] = f
+            futures.append(f)
+        self._note_read(first, last)
+        return futures
+
+    def _note_read(self, first: int, last: int) -> None:
+        """(lock held) A read of windows first..last: drop loaded windows behind and far ahead
+        of it, and, if reads go forward, load the next AHEAD windows."""
+        forward = first >= self._last
+        self._last = max(last, self._last) if forward else last
+        for k in [k for k in self._windows if k < first - 1 or k > last + AHEAD]:
+            if self._windows[k].done():
+                del self._windows[k]
+        if not forward or self._prefetch is None or self._closed:
+            return
+        for nxt in range(last + 1, last + 1 + AHEAD):
+            if nxt * WINDOW >= self.size:
+                break
+            if nxt not in self._windows:
+                self._windows[nxt] = self._prefetch(self._load_window, nxt)
+
+    def _load_window(self, k: int) -> Window:
+        """Window k; and the device is asked to start reading window k + AHEAD, so that its load
+        (read ahead later) finds the bytes in memory rather than waiting for the disk."""
+        hint = k + AHEAD
+        if self._advise is not None and self._prefetch is not None and hint * WINDOW < self.size:
+            exts, _base, _top = covering(self.extents, self._starts, self.size, hint * WINDOW, (hint + 1) * WINDOW)
+            for seg, at, n, _run in record_runs(exts):
+                self._advise(seg, at, n)
+        return self._load_range(k * WINDOW, (k + 1) * WINDOW)
+
+    def _load_range(self, lo: int, hi: int) -> Window:
+        return read_window(self.extents, self._starts, self.size, self._read_run, lo, hi)
+
+    def _serve(self, windows: list[Window], offset: int, end: int) -> bytes | memoryview:
+        """Bytes [offset, end) from windows that together hold them, in order (neighbours share
+        the chunk that straddles their border: it is taken once)."""
+        if len(windows) == 1:
+            return windows[0].serve(offset, end, self._check)
+        parts = []
+        pos = offset
+        for w in windows:
+            top = min(end, w.end)
+            if pos < top:
+                parts.append(w.serve(pos, top, self._check))
+                pos = top
+        return b"".join(parts)
+
+    def _named_errors(self) -> "_NameVersion":
+        return _NameVersion(self.version)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop reading ahead, and let go of the version once no load is in flight."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = [f for f in self._windows.values() if not f.cancel() and not f.done()]
+            self._windows.clear()
+        release, self._on_close = self._on_close, None
+        if release is None:
+            return
+        if not running:
+            release()
+            return
+        left = [len(running)]
+        count_lock = threading.Lock()
+
+        def one_done(_f: object) -> None:
+            with count_lock:
+                left[0] -= 1
+                now = left[0] == 0
+            if now:
+                release()
+
+        for f in running:
+            f.add_done_callback(one_done)
+
+    def __enter__(self) -> "FileReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NameVersion:
+    """Fill in the version a CorruptData raised inside the block is about."""
+
+    def __init__(self, version: VersionId | None) -> None:
+        self.version = version
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: type | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, CorruptData) and self.version is not None and exc.ino is None:
+            exc.ino, exc.vid, exc.generation = self.version.ino, self.version.vid, self.version.generation
+        return False
+
+
+def covering(extents: list[Extent], starts: list[int], size: int, lo: int, hi: int) -> tuple[list[Extent], int, int]:
+    """The extents of the whole chunks covering [lo, hi) (hi clamped to `size`), and the file
+    bytes [base, top) they span."""
+    hi = min(hi, size)
+    i = find_extent(extents, starts, lo)
+    j = i
+    while j < len(extents) and extents[j].offset < hi:
+        j += 1
+    base = extents[i].offset if extents else lo
+    top = max(extents[j - 1].end if j > i else lo, hi)
+    return extents[i:j], base, top
+
+
+def record_runs(extents: list[Extent]) -> Iterator[tuple[int, int, int, list[Extent]]]:
+    """(segment, offset, bytes, extents) for each run of chunk records that lie back to back in
+    one segment (at most MAX_RUN records); holes are skipped. An extent whose length is not its
+    record's (a damaged catalog) raises CorruptData."""
+    run: list[Extent] = []
+    seg = at = nxt = -1
+    for e in extents:
+        if e.chunk is None or e.loc is None:
+            continue
+        if e.length != e.loc.stored_len or e.length > MAX_PAYLOAD:
+            raise CorruptData(f"chunk {e.chunk.hex()[:16]}: its extent at offset {e.offset} is {e.length} bytes "
+                              f"but its record {e.loc.stored_len} (damaged catalog)")
+        if not (run and e.loc.seg_id == seg and e.loc.offset == nxt and len(run) < MAX_RUN):
+            if run:
+                yield seg, at, nxt - at, run
+            run, seg, at, nxt = [], e.loc.seg_id, e.loc.offset, e.loc.offset
+        run.append(e)
+        nxt += e.loc.span
+    if run:
+        yield seg, at, nxt - at, run
+
+
+def read_window(extents: list[Extent], starts: list[int], size: int, read_run: ReadRun, lo: int, hi: int) -> Window:
+    """The whole chunks covering [lo, hi) read into one buffer, headers checked, payloads not
+    yet verified (Window.serve does that); holes stay zeros."""
+    exts, base, top = covering(extents, starts, size, lo, hi)
+    buf = memoryview(bytearray(top - base))
+    for seg, at, _n, run in record_runs(exts):
+        read_run(seg, at, [(e.chunk, buf[e.offset - base:e.end - base]) for e in run], False)  # type: ignore[misc]
+    chunks = [(e.offset, e.end, e.chunk) for e in exts if e.chunk is not None]
+    return Window(base, buf, chunks)

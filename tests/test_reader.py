@@ -1,0 +1,190 @@
+"""FileReader (store/reader.py): windows of whole chunks, read ahead, verified when served.
+
+Windows are made small here (WINDOW = 192 KiB, chunks average 64 KiB) so that a file of a
+few MiB spans many windows and their borders fall inside chunks."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cowfs.errors import CorruptData
+from cowfs.store import Store, reader as reader_mod
+from cowfs.store.layout import segment_path
+from cowfs.store.log import check_chunk
+from cowfs.store.reader import FileReader
+
+from storeutil import data
+
+SIZE = 3_000_000
+
+
+@pytest.fixture(autouse=True)
+def small_windows(monkeypatch):
+    monkeypatch.setattr(reader_mod, "WINDOW", 192 << 10)
+
+
+def _file(store: Store, name: str = "/f", size: int = SIZE, seed: int = 1) -> tuple[int, bytes]:
+    body = data(size, seed)
+    return store.write_file(name, body).ino, body
+
+
+def test_sequential_reads_match_and_cross_window_borders(store):
+    ino, body = _file(store)
+    for piece in (4096, 100_000, 1 << 20, 333_333):
+        with store.open_reader(ino) as r:
+            got = bytearray()
+            pos = 0
+            while pos < r.size:
+                chunk = r.read(pos, piece)
+                assert len(chunk) == min(piece, r.size - pos)
+                got += chunk
+                pos += len(chunk)
+            assert r.read(r.size, 10) == b""
+        assert bytes(got) == body
+
+
+def test_random_and_out_of_order_reads_match(store):
+    ino, body = _file(store)
+    rng = random.Random(5)
+    with store.open_reader(ino) as r:
+        for _ in range(400):
+            off = rng.randrange(0, SIZE + 10)
+            n = rng.choice([1, 4096, 70_000, 131072, 1 << 20])
+            assert r.read(off, n) == body[off:off + n]
+        # the kernel's read-ahead: a few READs in flight, answered out of order
+        step = 128 << 10
+        for base in range(0, SIZE, 4 * step):
+            for off in (base + 2 * step, base, base + 3 * step, base + step):
+                assert r.read(off, step) == body[off:off + step]
+
+
+def test_concurrent_readers_of_one_handle(store):
+    ino, body = _file(store)
+    errors: list[str] = []
+    with store.open_reader(ino) as r:
+        def reader(start: int) -> None:
+            for off in range(start, SIZE, 4 * (64 << 10)):
+                if r.read(off, 64 << 10) != body[off:off + (64 << 10)]:
+                    errors.append(f"mismatch at {off}")
+
+        threads = [threading.Thread(target=reader, args=(k * (64 << 10),)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+
+
+def test_cached_and_fetch_serve_without_waiting(store):
+    """What the FUSE thread does: `cached`, or `fetch` + wait + `cached`."""
+    ino, body = _file(store)
+    with store.open_reader(ino) as r:
+        pos = 0
+        served_from_windows = 0
+        while pos < SIZE:
+            n = 100_000
+            got = r.cached(pos, n)
+            if got is None:
+                loading = r.fetch(pos, n)
+                assert loading is not None  # sequential reads are served from windows
+                for f in loading:
+                    f.result(timeout=10)
+                got = r.cached(pos, n)
+            else:
+                served_from_windows += 1
+            assert got is not None and bytes(got) == body[pos:pos + n]
+            pos += n
+        assert served_from_windows > 0  # read ahead: most pieces were loaded before they were asked for
+        assert r.fetch(1_000_000, 10) is None  # a jump back is not served from windows
+        assert r.read(1_000_000, 10) == body[1_000_000:1_000_010]
+
+
+def test_holes_read_as_zeros(store):
+    f = store.write_file("/sparse", data(100_000, 3))
+    with store.open_session(f.ino) as w:
+        w.truncate(2_000_000)
+        w.write(1_500_000, b"tail")
+        w.commit()
+    want = data(100_000, 3) + bytes(1_400_000) + b"tail" + bytes(500_000 - 4)
+    with store.open_reader(f.ino) as r:
+        assert bytes(r.read(0, r.size)) == want
+        for off in range(0, r.size, 150_000):
+            assert r.read(off, 150_000) == want[off:off + 150_000]
+
+
+def _chunk_rows(store: Store, ino: int) -> list[tuple[int, int, int, int]]:
+    """(file offset, length, segment, record offset) of the chunks of a file's current version."""
+    return store.catalog.reader().execute(
+        "SELECT e.file_offset, e.length, c.seg_id, c.offset FROM extents e JOIN chunks c ON c.cid = e.cid"
+        " WHERE e.content_id = ? ORDER BY e.file_offset", (store.getattr(ino).content_id,)).fetchall()
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("where", ["payload", "header"])
+def test_a_damaged_chunk_fails_only_reads_that_touch_it(store_path, where):
+    with Store.open(store_path) as s:
+        ino, body = _file(s)
+        rows = _chunk_rows(s, ino)
+    victim = rows[len(rows) // 2]
+    v_off, v_len, seg, rec = victim
+    _flip(segment_path(store_path, seg), rec + (64 + 100 if where == "payload" else 20))
+    with Store.open(store_path) as s:
+        for piece in (64 << 10, 1 << 20):
+            with s.open_reader(ino) as r:
+                pos = 0
+                failed = []
+                while pos < SIZE:
+                    try:
+                        assert r.read(pos, piece) == body[pos:pos + piece]
+                    except CorruptData as e:
+                        assert e.ino == ino and e.vid is not None
+                        failed.append(pos)
+                    pos += piece
+            # exactly the pieces that overlap the damaged chunk failed
+            assert failed == [p for p in range(0, SIZE, piece) if p < v_off + v_len and v_off < p + piece]
+        with s.open_reader(ino) as r:  # a jump straight onto it fails too, and reads beside it do not
+            with pytest.raises(CorruptData):
+                r.read(v_off + 10, 10)
+            assert r.read(0, 1000) == body[:1000]
+        # leave the store clean for the fixture's fsck
+        s.fsck(repair=True)
+
+
+def test_close_keeps_the_version_until_a_read_ahead_in_flight_ends(store):
+    ino, body = _file(store)
+    attr = store.getattr(ino)
+    gate = threading.Event()
+    entered = threading.Event()
+    released: list[float] = []
+
+    def slow_read_run(seg: int, offset: int, items: list, verify: bool = True) -> None:
+        entered.set()
+        gate.wait(10)
+        store.log.read_run(seg, offset, items, verify)
+
+    from cowfs.store.content import load_extents
+    extents = store.catalog.read(lambda c: load_extents(c, attr.content_id))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        r = FileReader(extents, attr.size, slow_read_run, check_chunk, on_close=lambda: released.append(time.monotonic()),
+                       prefetch=pool.submit)
+        loading = r.fetch(0, 100)
+        assert loading is not None
+        assert entered.wait(10)
+        r.close()
+        assert released == []  # the load in flight still reads the version's records
+        gate.set()
+        for f in loading:
+            f.exception(timeout=10)
+    assert len(released) == 1
