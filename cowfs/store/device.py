@@ -42,6 +42,15 @@ class Segment(Protocol):
     def close(self) -> None: ...
 
 
+def _consume(views: list[memoryview], n: int) -> None:
+    """Drop the first `n` bytes of `views` (what one pwritev/preadv moved)."""
+    while views and n >= len(views[0]):
+        n -= len(views[0])
+        views.pop(0)
+    if n:
+        views[0] = views[0][n:]
+
+
 class FileSegment:
     """pwrite into the page cache, fdatasync to make it durable (NVMe, SSD, any disk)."""
 
@@ -90,11 +99,7 @@ class FileSegment:
             while views:
                 n = os.pwritev(self.fd, views[:IOV_MAX], offset)
                 offset += n
-                while views and n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                if n:
-                    views[0] = views[0][n:]
+                _consume(views, n)
         except OSError as e:
             _raise_os(e, f"write {self.path}")
 
@@ -117,11 +122,7 @@ class FileSegment:
                     break
                 offset += n
                 total += n
-                while views and n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                if n:
-                    views[0] = views[0][n:]
+                _consume(views, n)
         except OSError as e:
             _raise_os(e, f"read {self.path}")
         return total
