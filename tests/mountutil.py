@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.fs.mount import mounted_cowfs, process_alive
 
 import pytest
 
@@ -56,19 +56,11 @@ def mounted(store: Path, mnt: Path, *extra: str) -> Iterator[Path]:
             if r.returncode != 0:
                 force_unmount(mnt)
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(pid):
+        if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
             force_unmount(mnt)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def kill9(store: Path, mnt: Path) -> None:
@@ -76,7 +68,7 @@ def kill9(store: Path, mnt: Path) -> None:
     pid = daemon_pid(store)
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     force_unmount(mnt)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from cowfs.store import Store
+from cowfs.store import ROOT_INO, Store
 
 
 def new_store(path: Path, device: str = "file", segment_size: int = 4 << 20) -> Path:
@@ -20,3 +20,15 @@ def assert_clean(path: Path) -> None:
 
 def data(n: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(n)
+
+
+def store_with_history(path: Path, size: int) -> Path:
+    """A new store holding /run/model.pt with two versions of `size` bytes (seeds 1 and 2),
+    the first one in snapshot "one"."""
+    new_store(path)
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        s.write_file("/run/model.pt", data(size, 1))
+        s.snapshot_create("one")
+        s.write_file("/run/model.pt", data(size, 2))
+    return path

@@ -21,11 +21,10 @@ from typing import Callable, Iterator
 
 import pytest
 
-from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import CONFIG_FILE, FORMAT_VERSION
 
 from mountutil import mounted
-from storeutil import assert_clean, data
+from storeutil import assert_clean, data, store_with_history
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # contents that change on their own while a store is mounted and idle: the shared-memory
@@ -80,14 +79,7 @@ def assert_rejected(r: subprocess.CompletedProcess, expect: str, code: int = 2) 
 
 def make_store(path: Path) -> Path:
     """A small store with one file, one snapshot and a later version of the file."""
-    r = cli("init", str(path), "--segment-size", "4M")
-    assert r.returncode == 0, r.stderr
-    with Store.open(path) as s:
-        s.mkdir(ROOT_INO, b"run")
-        s.write_file("/run/model.pt", data(300_000, 1))
-        s.snapshot_create("one")
-        s.write_file("/run/model.pt", data(300_000, 2))
-    return path
+    return store_with_history(path, 300_000)
 
 
 @pytest.fixture(scope="module")

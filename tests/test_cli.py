@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from cowfs.store import ROOT_INO, Store
+from cowfs.store import Store
 
-from storeutil import assert_clean, data
+from storeutil import assert_clean, data, store_with_history
 
 
 def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
@@ -19,14 +19,7 @@ def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def store(tmp_path):
-    p = tmp_path / "store"
-    r = run("init", str(p), "--segment-size", "4M")
-    assert r.returncode == 0, r.stderr
-    with Store.open(p) as s:
-        s.mkdir(ROOT_INO, b"run")
-        s.write_file("/run/model.pt", data(500_000, 1))
-        s.snapshot_create("one")
-        s.write_file("/run/model.pt", data(500_000, 2))
+    p = store_with_history(tmp_path / "store", 500_000)
     yield p
     assert_clean(p)
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 
 import pytest
 
+from cowfs.fs.mount import process_alive
 from cowfs.store import Store
 
 from mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)
@@ -173,3 +175,19 @@ def test_writeback_cache_is_off_unless_asked() -> None:
     assert CowfsOperations.enable_writeback_cache is False
     assert build_parser().parse_args(["mount", "s", "m"]).writeback_cache is False
     assert build_parser().parse_args(["mount", "s", "m", "--writeback-cache"]).writeback_cache is True
+
+
+def test_process_alive_counts_a_zombie_as_exited():
+    """umount and the harnesses wait for a daemon with it: an exited, unreaped child is gone."""
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_alive(p.pid)
+        p.kill()
+        deadline = time.monotonic() + 10
+        while process_alive(p.pid) and time.monotonic() < deadline:  # not reaped: a zombie
+            time.sleep(0.01)
+        assert not process_alive(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert not process_alive(p.pid)

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from cowfs.cli import human_bytes
+from cowfs.fs.mount import process_alive
 from harnessutil import sha_file
 
 EMPTY = hashlib.sha256(b"").hexdigest()
@@ -546,14 +547,6 @@ def walk_tree(top: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
-def proc_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
-    except (OSError, IndexError):
-        return False
-
-
 def proc_args(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -797,7 +790,7 @@ class Harness:
         return str(self.store) in args and str(self.mnt) in args
 
     def daemon_alive(self) -> bool:
-        return self.daemon_pid is not None and proc_alive(self.daemon_pid) and self.ours(self.daemon_pid)
+        return self.daemon_pid is not None and process_alive(self.daemon_pid) and self.ours(self.daemon_pid)
 
     def kill_daemon(self) -> None:
         if self.daemon_alive():
@@ -805,7 +798,7 @@ class Harness:
 
     def wait_daemon_gone(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while self.daemon_pid is not None and proc_alive(self.daemon_pid):  # not ours(): an exiting
+        while self.daemon_pid is not None and process_alive(self.daemon_pid):  # not ours(): an exiting
             # process has no cmdline any more but may still hold the store's lock and /dev/fuse
             if time.monotonic() > deadline:
                 raise HarnessError(f"daemon pid {self.daemon_pid} still alive {timeout:.0f} s after SIGKILL")

@@ -845,7 +845,7 @@ def collect_results(workdir: Path, procs: list[multiprocessing.Process], out: Ou
 
 
 def unmount(store: Path, mnt: Path, daemon_pid: int) -> list[str]:
-    from cowfs.fs.mount import mounted_cowfs
+    from cowfs.fs.mount import mounted_cowfs, process_alive
 
     errors = []
     if str(mnt) in mounted_cowfs():
@@ -856,20 +856,12 @@ def unmount(store: Path, mnt: Path, daemon_pid: int) -> list[str]:
     if str(mnt) in mounted_cowfs():
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
     deadline = time.monotonic() + 30
-    while _alive(daemon_pid) and time.monotonic() < deadline:
+    while process_alive(daemon_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(daemon_pid):
+    if process_alive(daemon_pid):
         errors.append(f"the daemon (pid {daemon_pid}) still runs after umount; killed")
         os.kill(daemon_pid, signal.SIGKILL)
     return errors
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def run(args: argparse.Namespace, workdir: Path) -> tuple[Outcome, list[str]]:

@@ -271,7 +271,9 @@ def _daemon_pid(store: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie waiting to be reaped counts
+    as exited). Used by umount and by the test and benchmark harnesses."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -280,8 +282,8 @@ def _alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
+            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (OSError, IndexError):
         return False
 
 
@@ -294,14 +296,14 @@ def umount(mountpoint: str, timeout: float = 120.0) -> int:
         raise MountError(f"{mnt}: no cowfs filesystem is mounted there")
     store = Path(mounts[mnt])
     pid = _daemon_pid(store)
-    if pid is None or not _alive(pid):
+    if pid is None or not process_alive(pid):
         # the daemon is gone (killed): only the kernel's mount is left
         subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
         print(f"unmounted {mnt} (its daemon was not running)")
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while process_alive(pid):
         if time.monotonic() > deadline:
             raise MountError(f"{mnt}: the daemon (pid {pid}) did not exit within {timeout:.0f}s")
         time.sleep(0.05)

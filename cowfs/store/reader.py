@@ -17,6 +17,7 @@ chunks. A reader keeps the window before the one being read and AHEAD after it: 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from concurrent.futures import Future
 from typing import Callable, Iterator
@@ -202,8 +203,15 @@ class FileReader:
                 pos = top
         return b"".join(parts)
 
-    def _named_errors(self) -> "_NameVersion":
-        return _NameVersion(self.version)
+    @contextlib.contextmanager
+    def _named_errors(self) -> Iterator[None]:
+        """Fill in the version a CorruptData raised inside the block is about."""
+        try:
+            yield
+        except CorruptData as e:
+            if self.version is not None and e.ino is None:
+                e.ino, e.vid, e.generation = self.version.ino, self.version.vid, self.version.generation
+            raise
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -239,21 +247,6 @@ class FileReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _NameVersion:
-    """Fill in the version a CorruptData raised inside the block is about."""
-
-    def __init__(self, version: VersionId | None) -> None:
-        self.version = version
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, typ: type | None, exc: BaseException | None, tb: object) -> bool:
-        if isinstance(exc, CorruptData) and self.version is not None and exc.ino is None:
-            exc.ino, exc.vid, exc.generation = self.version.ino, self.version.vid, self.version.generation
-        return False
 
 
 def covering(extents: list[Extent], starts: list[int], size: int, lo: int, hi: int) -> tuple[list[Extent], int, int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cowfs.control import DaemonTarget
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.fs.mount import mounted_cowfs, process_alive
 
 NO_WRITEBACK_LAUNCHER = (
     "import sys\n"
@@ -79,14 +79,6 @@ def drop_caches() -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class Mount:
     """A live mount of `store` on `mnt`: its daemon pid and a control-socket client."""
 
@@ -141,8 +133,8 @@ def unmount(mnt: Path, pid: int) -> None:
             print(f"bench: cowfs umount {mnt} failed: {r.stderr.strip()}; lazy unmount", file=sys.stderr)
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
     deadline = time.monotonic() + 60
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):  # our own daemon (pid from the store we mounted), stuck
+    if process_alive(pid):  # our own daemon (pid from the store we mounted), stuck
         os.kill(pid, signal.SIGKILL)
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
