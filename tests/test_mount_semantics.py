@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.fs.mount import mounted_cowfs, process_alive
 from cowfs.store import Store
 
-from mountutil import _alive, cowfs, daemon_pid, kill9, mounted, store  # noqa: F401 (store is a fixture)
+from mountutil import cowfs, daemon_pid, kill9, mounted, store  # noqa: F401 (store is a fixture)
 from storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
@@ -87,9 +87,9 @@ def describe(got: bytes, **candidates: bytes) -> str:
 
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return not _alive(pid)
+    return not process_alive(pid)
 
 
 def write_all(fd: int, buf: bytes) -> None:
@@ -474,7 +474,7 @@ def test_umount_waits_for_daemon_exit_and_commits_open_file(store, tmp_path):
         try:
             assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
             cowfs("umount", str(mnt))
-            assert not _alive(pid), "cowfs umount returned while the daemon was still running"
+            assert not process_alive(pid), "cowfs umount returned while the daemon was still running"
             assert str(mnt) not in mounted_cowfs()
         finally:
             holder.communicate(timeout=30)
