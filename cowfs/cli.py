@@ -11,7 +11,7 @@ from typing import Callable, NoReturn, Sequence
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, StoreError
 from .store import Store
-from .store.layout import DEFAULT_SEGMENT_SIZE, parse_size
+from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, parse_size
 
 TARGET_HELP = "a store directory, or the mountpoint of a mounted store (then the daemon serves the request)"
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
@@ -285,8 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("init", help="create a new store", description="Create a new, empty store directory.", epilog=EPILOG_INIT)
     s.add_argument("store", help="directory to create (must be missing or empty)")
-    s.add_argument("--device", choices=("file", "pmem"), default="file",
-                   help="file: pwrite+fdatasync (NVMe, SSD); pmem: mmap + cache-line flush (persistent memory)")
+    s.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE,
+                   help=f"direct (default: {DEFAULT_DEVICE}): O_DIRECT writes of whole 4 KiB blocks + fdatasync, "
+                        "bypassing the page cache (NVMe, SSD; plain writes where the filesystem has no O_DIRECT); "
+                        "file: pwrite into the page cache + fdatasync; pmem: mmap + cache-line flush "
+                        "(persistent memory)")
     s.add_argument("--segment-size", metavar="SIZE", help="log segment size, e.g. 256M (default 256M, min 4M)")
     s.set_defaults(fn=cmd_init)
 

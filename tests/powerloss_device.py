@@ -9,7 +9,8 @@ recovery look them up) by subclasses that forward every call to the real code
 and report to the `Disk`:
 
   write / punch     the 4 KiB pages touched become dirty (not durable)
-  persist           file: fdatasync, so every dirty page and the size become durable;
+  persist           file, direct: fdatasync, so every dirty page and the size become durable
+                    (direct: after its held partial block was written);
                     pmem: only the pages in the range `_native.persist` was asked to
                     flush (recorded through a proxy of `cowfs._native`), so a dirty
                     range the engine forgot to flush stays non-durable
@@ -51,7 +52,7 @@ from pathlib import Path
 from cowfs.store import catalog as catalog_mod
 from cowfs.store import device as device_mod
 from cowfs.store import log as log_mod
-from cowfs.store.device import FileSegment, PmemSegment
+from cowfs.store.device import DirectFileSegment, FileSegment, PmemSegment
 
 PAGE = 4096
 
@@ -354,6 +355,17 @@ class PLPmemSegment(PLFileSegment, PmemSegment):
         PmemSegment.close(self)
 
 
+class PLDirectSegment(PLFileSegment, DirectFileSegment):
+    """DirectFileSegment's own code: a write's last partial block stays in memory until
+    `persist` (or anything else that needs it on the device) writes it, so a crash before
+    that loses it, as the pages it touched being dirty already allows."""
+
+    def close(self) -> None:
+        if _disk().dead:  # the power is off: the held block never reaches the device
+            self._held_dirty = False
+        DirectFileSegment.close(self)
+
+
 def _record(kind: str, offset: int, length: int) -> None:
     if not hasattr(_tls, "flushed"):
         _tls.flushed = {"persist": [], "msync": []}
@@ -406,7 +418,7 @@ def install(monkeypatch, disk: Disk) -> None:  # type: ignore[no-untyped-def]
         monkeypatch.setattr(device_mod, "mmap", _MmapModuleProxy())
 
     def seg_class(device: str):  # type: ignore[no-untyped-def]
-        return PLPmemSegment if device == "pmem" else PLFileSegment
+        return {"pmem": PLPmemSegment, "direct": PLDirectSegment}.get(device, PLFileSegment)
 
     monkeypatch.setattr(log_mod, "segment_class", seg_class)
     monkeypatch.setattr(device_mod, "segment_class", seg_class)

@@ -32,8 +32,9 @@ sessions (often writing the same bytes, so one dedups against the other's
 uncommitted records), expire_history + gc while a session has uncommitted
 records in the log, rename, unlink, snapshot create/delete, expire_history + gc
 (gc punches dead space without fsync), gc, and clean close + reopen. Segments
-are 4 MiB and files up to 3 MiB, so segments rotate often. Both devices run:
-`file` (fdatasync) and `pmem` (only ranges both written back by
+are 4 MiB and files up to 3 MiB, so segments rotate often. All three devices run:
+`file` (fdatasync), `direct` (O_DIRECT blocks, the last partial block of a write
+held in memory until persist) and `pmem` (only ranges both written back by
 `_native.persist` and msync'ed count as durable).
 
 Every run is seeded. `COWFS_POWERLOSS_SEED=<seed>` (with the device given by the
@@ -67,7 +68,7 @@ SNAPS = ["s0", "s1", "s2"]
 # (many operations, so head segments fill up and commits span a rotation)
 SHORT_SPAN, LONG_SPAN, LONG_CHANCE = 40, 400, 0.3
 
-CI_CRASHES_PER_DEVICE = 100  # 200 in all
+CI_CRASHES_PER_DEVICE = 100  # 300 in all
 SLOW_CRASHES_PER_DEVICE = 1500
 CRASHES_PER_RUN = 10
 
@@ -660,15 +661,15 @@ def run_many(tmp_path: Path, monkeypatch, device: str, total: int, first_seed: i
     return st
 
 
-SEEDS = {"file": 1000, "pmem": 5000}
+SEEDS = {"file": 1000, "direct": 3000, "pmem": 5000}
 
 
-@pytest.mark.parametrize("device", ["file", "pmem"])
+@pytest.mark.parametrize("device", ["file", "direct", "pmem"])
 def test_power_loss(tmp_path, monkeypatch, device):
     run_many(tmp_path, monkeypatch, device, CI_CRASHES_PER_DEVICE, SEEDS[device])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["file", "pmem"])
+@pytest.mark.parametrize("device", ["file", "direct", "pmem"])
 def test_power_loss_many(tmp_path, monkeypatch, device):
     run_many(tmp_path, monkeypatch, device, SLOW_CRASHES_PER_DEVICE, SEEDS[device] + 100_000)

@@ -17,7 +17,7 @@ from cowfs.store.layout import segment_path
 from storeutil import assert_clean, data, new_store
 
 
-@pytest.fixture(params=["file", "pmem"])
+@pytest.fixture(params=["file", "direct", "pmem"])
 def path(request, tmp_path):
     p = new_store(tmp_path / "store", device=request.param)
     yield p

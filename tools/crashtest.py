@@ -81,6 +81,7 @@ from typing import Any, Callable, Iterable
 
 from cowfs.cli import human_bytes
 from cowfs.fs.mount import process_alive
+from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
 from harnessutil import sha_file
 
 EMPTY = hashlib.sha256(b"").hexdigest()
@@ -1399,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", help="store directory: must not exist or be empty (default: in the work dir)")
     ap.add_argument("--workdir", help="directory for the mountpoint, logs (and store); never removed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary work dir (store, logs) after success")
-    ap.add_argument("--device", default="file", choices=("file", "pmem"))
+    ap.add_argument("--device", default=DEFAULT_DEVICE, choices=DEVICES)
     ap.add_argument("--segment-size", default="4M", help="small segments: rotations happen during the run")
     ap.add_argument("--max-snapshots", type=int, default=6, help="older snapshots are deleted (rmdir) beyond this")
     ap.add_argument("--max-run", type=float, default=3.0, help="longest writer run before the kill, seconds")

@@ -1,4 +1,5 @@
-"""Segment files on a device: `file` (pwrite + fdatasync) and `pmem` (mmap + cache-line persist).
+"""Segment files on a device: `file` (pwrite + fdatasync), `direct` (O_DIRECT writes of whole
+blocks + fdatasync) and `pmem` (mmap + cache-line persist).
 
 A segment is one preallocated file. The log appends to it in large batches and
 calls `persist()` at each durability point. Everything before the last
@@ -165,6 +166,219 @@ class FileSegment:
             self.fd = -1
 
 
+BLOCK = 4096  # O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors)
+STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for its writes
+
+
+class DirectFileSegment(FileSegment):
+    """Writes bypass the page cache: O_DIRECT writes of whole 4 KiB blocks from an aligned buffer.
+
+    The log appends records of any length back to back, so a write rarely ends on a block
+    boundary. Its last partial block is held in memory and written (filled up with the bytes
+    the file has after it) only when something needs it on the device: `persist()`, a read or
+    punch that touches it, a write elsewhere, `truncate`, `image` or `close`. The next append
+    continues from the held copy, so the block is written again whole, its earlier bytes
+    unchanged. Reads, punches and `image` use an ordinary (page-cache) descriptor; the kernel
+    drops cached pages a direct write replaces.
+
+    Where the filesystem refuses O_DIRECT (at open or on the first write) the segment falls
+    back to plain pwrite + fdatasync, like `FileSegment`.
+    """
+
+    def __init__(self, path: Path, fd: int, dfd: int) -> None:
+        super().__init__(path, fd)
+        self.dfd = dfd  # -1: no direct descriptor, buffered writes
+        self._lock = threading.Lock()
+        self._held_off = -1  # block-aligned offset of the block held in memory; -1: none
+        self._held = b""  # that block's bytes up to the end of the last write into it
+        self._held_dirty = False  # written since the block last went to the device
+        self._stage_map: mmap.mmap | None = None
+        self._stage: memoryview | None = None
+
+    @staticmethod
+    def _open_direct(path: Path) -> int:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # the filesystem has no O_DIRECT
+                return -1
+            _raise_os(e, f"open {path}")
+            raise
+
+    @classmethod
+    def create(cls, path: Path, size: int) -> "DirectFileSegment":
+        seg = FileSegment.create(path, size)
+        return cls(path, seg.fd, cls._open_direct(path))
+
+    @classmethod
+    def open(cls, path: Path, writable: bool = True) -> "DirectFileSegment":
+        seg = FileSegment.open(path, writable)
+        try:
+            dfd = cls._open_direct(path) if writable else -1
+        except CowfsError:
+            seg.close()
+            raise
+        return cls(path, seg.fd, dfd)
+
+    # -- writes -----------------------------------------------------------
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        self.write_parts(offset, [data])
+
+    def write_parts(self, offset: int, parts: list[bytes | memoryview]) -> None:
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if not views:
+            return
+        with self._lock:
+            if self.dfd >= 0:
+                try:
+                    self._write_direct(offset, views)
+                    return
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        _raise_os(e, f"write {self.path}")
+                    self._stop_direct()  # refused after all: write it all again through the page cache
+            FileSegment.write_parts(self, offset, views)
+
+    def _write_direct(self, offset: int, views: list[memoryview]) -> None:
+        start = offset - offset % BLOCK
+        if self._held_off == start and len(self._held) == offset - start:
+            prefix: bytes | memoryview = self._held  # continuing an append: the block as last written
+        else:
+            self._seal()
+            prefix = self._existing(start, offset - start)
+        total = len(prefix) + sum(len(v) for v in views)
+        cap = min(STAGING, round_up_block(total))
+        stage = self._staging(cap)
+        stage[:len(prefix)] = prefix
+        pos, at = len(prefix), start
+        for v in views:
+            while len(v):
+                k = min(len(v), cap - pos)
+                stage[pos:pos + k] = v[:k]
+                pos += k
+                v = v[k:]
+                if pos == cap:
+                    self._pwrite_direct(stage[:cap], at)
+                    at += cap
+                    pos = 0
+        whole = pos - pos % BLOCK
+        if whole:
+            self._pwrite_direct(stage[:whole], at)
+            at += whole
+        self._held_off, self._held, self._held_dirty = at, bytes(stage[whole:pos]), pos > whole
+
+    def _seal(self) -> None:
+        """Put the held block on the device (under `_lock`)."""
+        if not self._held_dirty:
+            return
+        off, held = self._held_off, self._held
+        if off + BLOCK > self.size or self.dfd < 0:  # the file's last, partial block: never extend it
+            FileSegment.write(self, off, held)
+        else:
+            stage = self._staging(BLOCK)
+            stage[:len(held)] = held
+            stage[len(held):BLOCK] = self._existing(off + len(held), BLOCK - len(held))
+            try:
+                self._pwrite_direct(stage[:BLOCK], off)
+            except OSError as e:
+                _raise_os(e, f"write {self.path}")
+        self._held_dirty = False
+
+    def _existing(self, offset: int, length: int) -> bytes:
+        """The file's bytes at [offset, offset+length), zeros past its end."""
+        if length <= 0:
+            return b""
+        data = self.read_plain(offset, length)
+        return data + bytes(length - len(data))
+
+    def _pwrite_direct(self, data: memoryview, offset: int) -> None:
+        while len(data):
+            n = os.pwrite(self.dfd, data, offset)
+            data = data[n:]
+            offset += n
+
+    def _staging(self, size: int) -> memoryview:
+        if self._stage is None or len(self._stage) < size:
+            self._free_staging()
+            self._stage_map = mmap.mmap(-1, max(size, BLOCK))  # page-aligned, as O_DIRECT needs
+            self._stage = memoryview(self._stage_map)
+        return self._stage
+
+    def _free_staging(self) -> None:
+        if self._stage is not None:
+            self._stage.release()
+            self._stage = None
+        if self._stage_map is not None:
+            self._stage_map.close()
+            self._stage_map = None
+
+    def _stop_direct(self) -> None:
+        os.close(self.dfd)
+        self.dfd = -1
+        if self._held_dirty:
+            FileSegment.write(self, self._held_off, self._held)
+            self._held_dirty = False
+
+    def _seal_if_touched(self, offset: int, length: int) -> None:
+        if self._held_dirty and self._held_off < offset + length and offset < self._held_off + BLOCK:
+            with self._lock:
+                self._seal()
+
+    # -- everything else sees the device as it will be --------------------------------
+
+    def read_plain(self, offset: int, length: int) -> bytes:
+        return FileSegment.read(self, offset, length)
+
+    def read(self, offset: int, length: int) -> bytes:
+        self._seal_if_touched(offset, length)
+        return FileSegment.read(self, offset, length)
+
+    def read_into(self, offset: int, buffers: list[memoryview]) -> int:
+        self._seal_if_touched(offset, sum(len(b) for b in buffers))
+        return FileSegment.read_into(self, offset, buffers)
+
+    def persist(self) -> None:
+        with self._lock:
+            self._seal()
+        FileSegment.persist(self)
+
+    def punch(self, offset: int, length: int) -> None:
+        with self._lock:
+            self._seal()
+            if self._held_off < offset + length and offset < self._held_off + BLOCK:
+                self._held_off, self._held = -1, b""  # the held copy no longer matches the file
+            FileSegment.punch(self, offset, length)
+
+    def truncate(self, length: int) -> None:
+        with self._lock:
+            self._seal()
+            if self._held_off + BLOCK > length:
+                self._held_off, self._held = -1, b""
+            FileSegment.truncate(self, length)
+
+    def image(self) -> mmap.mmap | bytes:
+        with self._lock:
+            self._seal()
+        return FileSegment.image(self)
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                if self.fd >= 0:
+                    self._seal()
+            finally:
+                self._free_staging()
+                if self.dfd >= 0:
+                    os.close(self.dfd)
+                    self.dfd = -1
+                FileSegment.close(self)
+
+
+def round_up_block(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK * BLOCK
+
+
 class PmemSegment(FileSegment):
     """The segment mapped into memory; stores are made durable by cache-line write-back.
 
@@ -250,4 +464,4 @@ class PmemSegment(FileSegment):
 
 
 def segment_class(device: str) -> type[FileSegment]:
-    return PmemSegment if device == "pmem" else FileSegment
+    return {"pmem": PmemSegment, "direct": DirectFileSegment}.get(device, FileSegment)

@@ -28,6 +28,7 @@ from .diff import DiffReport, compare
 from .events import Event, EventBus
 from .index import ChunkIndex
 from .layout import (
+    DEFAULT_DEVICE,
     CATALOG_FILE,
     DEFAULT_SEGMENT_SIZE,
     LOCK_FILE,
@@ -100,7 +101,7 @@ class Store:
     # -- lifecycle -----------------------------------------------------------------
 
     @staticmethod
-    def init(path: str | os.PathLike, device: str = "file", segment_size: int = DEFAULT_SEGMENT_SIZE) -> StoreConfig:
+    def init(path: str | os.PathLike, device: str = DEFAULT_DEVICE, segment_size: int = DEFAULT_SEGMENT_SIZE) -> StoreConfig:
         root = Path(path)
         check_new_store_dir(root)
         cfg = new_config(device, segment_size)

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from cowfs.control import DaemonTarget
 from cowfs.fs.mount import mounted_cowfs, process_alive
+from cowfs.store.layout import DEFAULT_DEVICE
 
 NO_WRITEBACK_LAUNCHER = (
     "import sys\n"
@@ -37,8 +38,8 @@ def cowfs_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return r
 
 
-def init_store(path: Path, segment_size: str = "256M") -> Path:
-    cowfs_cli("init", str(path), "--segment-size", segment_size)
+def init_store(path: Path, segment_size: str = "256M", device: str = DEFAULT_DEVICE) -> Path:
+    cowfs_cli("init", str(path), "--segment-size", segment_size, "--device", device)
     return path
 
 

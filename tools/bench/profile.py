@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
+
 from .extras import synthetic_state_dict
 from .mounting import CLK_TCK, drop_caches, init_store, mounted
 from .run import REPO
@@ -32,8 +34,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("idle: waiting for work or for the kernel", ("EpollIOManager.get_events", "thread.py:81)", "Condition.wait",
                                                  "SimpleQueue", "Queue.get", "_wait_fuse_readable")),
     ("fdatasync of the log (Log.sync)", ("Log.sync",)),
-    ("log append: pwrite into the segment", ("FileSegment.write",)),
-    ("log append: record encoding + CRC32", ("encode_record",)),
+    ("log append: pwrite into the segment", ("FileSegment.write", "FileSegment._write_direct")),
+    ("log append: record encoding + CRC32", ("encode_record", "record_parts")),
     ("log append: other", ("Log.append",)),
     ("hashing: BLAKE3 per chunk", ("chunk_id (",)),
     ("chunking: FastCDC cut + chunk copies", ("StreamChunker.feed",)),
@@ -120,6 +122,7 @@ def main() -> int:
     p.add_argument("--idle", action="store_true", help="also sample threads that wait (wall-clock view)")
     p.add_argument("--no-writeback", action="store_true", help="mount with the kernel's writeback cache off")
     p.add_argument("--read", action="store_true", help="profile a cold sequential read from a fresh mount instead")
+    p.add_argument("--device", default=DEFAULT_DEVICE, choices=DEVICES, help="the store's device (cowfs init --device)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +131,7 @@ def main() -> int:
     sd = synthetic_state_dict(args.mib << 20)
     work = Path(tempfile.mkdtemp(prefix="bench-prof-", dir=args.dir))
     try:
-        store = init_store(work / "store")
+        store = init_store(work / "store", device=args.device)
         with mounted(store, work / "mnt", writeback=not args.no_writeback) as m:
             if args.read:
                 r = cowfs_torch(sd, m.mnt / "model.pt")
