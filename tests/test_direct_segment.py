@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from cowfs.store import device as device_mod
-from cowfs.store.device import BLOCK, DirectFileSegment, FileSegment
+from cowfs.store.device import BLOCK, DirectFileSegment, FileSegment, StagingPool
 
 SIZE = 16 * BLOCK
 
@@ -71,6 +71,28 @@ def test_close_writes_the_held_block_and_reopen_continues(tmp_path):
         seg.persist()
         assert on_disk(path)[64:1064 + 5000] == data + more
         assert on_disk(path)[:64] == bytes(64)
+    finally:
+        seg.close()
+
+
+def test_long_reads_bypass_the_page_cache(tmp_path, monkeypatch):
+    path = tmp_path / "s.seg"
+    seg = DirectFileSegment.create(path, SIZE)
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(device_mod.os, "preadv", lambda fd, bufs, off: calls.append(fd) or real(fd, bufs, off))
+    try:
+        data = os.urandom(SIZE - 100)
+        seg.write(100, data)  # the last block stays held: the read must write it first
+        buf = memoryview(bytearray(SIZE - 150))
+        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 8 * BLOCK)
+        assert seg.read_into(150, [buf[:5], buf[5:]]) == SIZE - 150
+        assert bytes(buf) == data[50:]
+        assert calls and set(calls) == {seg.dfd}
+        calls.clear()
+        assert seg.read_into(150, [buf[:BLOCK]]) == BLOCK  # short: through the page cache
+        assert calls == [seg.fd]
+        assert seg.read_into(SIZE - 10, [memoryview(bytearray(9 * BLOCK))]) == 10  # the end of the file
     finally:
         seg.close()
 
@@ -188,7 +210,11 @@ def model_base(tmp_path):
     yield tmp_path
 
 
-def test_direct_segment_matches_a_bytearray(model_base):
+@pytest.mark.parametrize("direct_reads", [False, True], ids=["page-cache-reads", "direct-reads"])
+def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, direct_reads):
+    if direct_reads:  # every read through O_DIRECT, staged two blocks at a time
+        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
+        monkeypatch.setattr(device_mod, "READ_STAGING", StagingPool(2 * BLOCK, keep=1))
     DirectSegmentModel.TestCase.settings = settings(
         max_examples=40, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

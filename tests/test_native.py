@@ -142,3 +142,30 @@ def test_punch_hole_on_pipe():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_copy_into_copies_and_checks_lengths():
+    src = bytes(range(256)) * 1024  # 256 KiB: the GIL is released for this one
+    dst = bytearray(len(src))
+    _native.copy_into(dst, src)
+    assert dst == src
+    small = bytearray(3)
+    _native.copy_into(memoryview(small)[1:], b"ab")
+    assert small == b"\0ab"
+    with pytest.raises(ValueError):
+        _native.copy_into(bytearray(4), b"abc")
+    with pytest.raises(BufferError):
+        _native.copy_into(b"abc", b"abc")  # not writable
+
+
+def test_bytearray_exported_follows_views():
+    b = bytearray(100)
+    assert not _native.bytearray_exported(b)
+    view = memoryview(b)
+    piece = view[10:20]
+    view.release()
+    assert _native.bytearray_exported(b)  # the slice still refers to it
+    piece.release()
+    assert not _native.bytearray_exported(b)
+    with pytest.raises(TypeError):
+        _native.bytearray_exported(b"bytes")

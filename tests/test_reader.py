@@ -188,3 +188,54 @@ def test_close_keeps_the_version_until_a_read_ahead_in_flight_ends(store):
         for f in loading:
             f.exception(timeout=10)
     assert len(released) == 1
+
+
+def test_window_buffers_are_reused_and_old_bytes_never_show(store):
+    """Pooled window buffers come back with whatever they held: holes and the bytes past the
+    last extent must still read as zeros."""
+    f = store.write_file("/holes", data(1_000_000, 7))
+    with store.open_session(f.ino) as w:  # a hole, more data, and a hole to the end of the file
+        w.truncate(1_600_000)
+        w.write(1_600_000, data(900_000, 8))
+        w.truncate(2_800_000)
+        w.commit()
+    ino = f.ino
+    body = data(1_000_000, 7) + bytes(600_000) + data(900_000, 8) + bytes(300_000)
+    with store.open_reader(ino) as r:
+        assert any(e.chunk is None for e in r.extents), "no hole extent to test"
+    pool = store.window_buffers
+    garbage = [bytearray(b"\xee") * pool.SIZE for _ in range(pool.keep)]
+    pool._free[:] = list(garbage)
+    for _ in range(2):
+        with store.open_reader(ino) as r:
+            got = bytearray()
+            while len(got) < len(body):
+                got += r.read(len(got), 65536)
+        assert bytes(got) == body
+    assert pool._free, "no window buffer came back to the pool"
+    assert all(any(b is g for g in garbage) for b in pool._free), "buffers were not reused"
+
+
+def test_a_slice_still_held_keeps_its_window_buffer(store):
+    ino, body = _file(store)
+    with store.open_reader(ino) as r:
+        first = r.read(0, 4096)
+        assert isinstance(first, memoryview)  # served from a window, not copied
+        pos = 4096
+        while pos < SIZE:  # every window after it is loaded, dropped and recycled
+            assert r.read(pos, 65536) == body[pos:pos + 65536]
+            pos += 65536
+        assert bytes(first) == body[:4096]
+        assert all(b is not first.obj for b in store.window_buffers._free)
+
+
+def test_a_window_recycled_under_a_planned_read_is_read_again(store):
+    ino, body = _file(store)
+    with store.open_reader(ino) as r:
+        assert r.read(0, 10) == body[:10]
+        f = r._windows[0]
+        with r._lock:  # another reader thread moved on and dropped window 0 meanwhile
+            r._drop(r._windows.pop(0))
+            r._windows[0] = f
+        assert f.result().recycled
+        assert r.read(100, 4096) == body[100:4196]

@@ -168,6 +168,34 @@ class FileSegment:
 
 BLOCK = 4096  # O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors)
 STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for its writes
+DIRECT_READ_MIN = 256 << 10  # reads at least this long bypass the page cache (window loads)
+
+
+class StagingPool:
+    """Page-aligned buffers (anonymous mmaps) of one size for O_DIRECT reads, kept for reuse: a
+    new buffer costs a page fault per 4 KiB page the first time it is filled."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self.size = size
+        self.keep = keep
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> mmap.mmap:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return mmap.mmap(-1, self.size)
+
+    def give(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buf)
+                return
+        buf.close()
+
+
+READ_STAGING = StagingPool(STAGING, keep=4)
 
 
 class DirectFileSegment(FileSegment):
@@ -178,8 +206,11 @@ class DirectFileSegment(FileSegment):
     the file has after it) only when something needs it on the device: `persist()`, a read or
     punch that touches it, a write elsewhere, `truncate`, `image` or `close`. The next append
     continues from the held copy, so the block is written again whole, its earlier bytes
-    unchanged. Reads, punches and `image` use an ordinary (page-cache) descriptor; the kernel
-    drops cached pages a direct write replaces.
+    unchanged.
+
+    Reads of at least DIRECT_READ_MIN bytes (a reader's windows) are O_DIRECT too: the aligned
+    blocks around them into a reused staging buffer, then copied out. Shorter reads, punches
+    and `image` use an ordinary (page-cache) descriptor; the kernel keeps the two coherent.
 
     Where the filesystem refuses O_DIRECT (at open or on the first write) the segment falls
     back to plain pwrite + fdatasync, like `FileSegment`.
@@ -196,9 +227,9 @@ class DirectFileSegment(FileSegment):
         self._stage: memoryview | None = None
 
     @staticmethod
-    def _open_direct(path: Path) -> int:
+    def _open_direct(path: Path, writable: bool = True) -> int:
         try:
-            return os.open(path, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+            return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_DIRECT | os.O_CLOEXEC)
         except OSError as e:
             if e.errno == errno.EINVAL:  # the filesystem has no O_DIRECT
                 return -1
@@ -214,7 +245,7 @@ class DirectFileSegment(FileSegment):
     def open(cls, path: Path, writable: bool = True) -> "DirectFileSegment":
         seg = FileSegment.open(path, writable)
         try:
-            dfd = cls._open_direct(path) if writable else -1
+            dfd = cls._open_direct(path, writable)
         except CowfsError:
             seg.close()
             raise
@@ -335,8 +366,55 @@ class DirectFileSegment(FileSegment):
         return FileSegment.read(self, offset, length)
 
     def read_into(self, offset: int, buffers: list[memoryview]) -> int:
-        self._seal_if_touched(offset, sum(len(b) for b in buffers))
+        total = sum(len(b) for b in buffers)
+        self._seal_if_touched(offset, total)
+        if self.dfd >= 0 and total >= DIRECT_READ_MIN:
+            try:
+                return self._read_direct(offset, [b for b in buffers if len(b)])
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    _raise_os(e, f"read {self.path}")
         return FileSegment.read_into(self, offset, buffers)
+
+    def _read_direct(self, offset: int, views: list[memoryview]) -> int:
+        """read_into through the O_DIRECT descriptor, a staging buffer at a time."""
+        stage = READ_STAGING.take()
+        done = 0
+        try:
+            with memoryview(stage) as whole:
+                while views:
+                    lo = offset - offset % BLOCK
+                    want = sum(len(v) for v in views)
+                    hi = min(round_up_block(offset + want), lo + READ_STAGING.size)
+                    got = 0
+                    while got < hi - lo:
+                        n = os.preadv(self.dfd, [whole[got:hi - lo]], lo + got)
+                        if n == 0:
+                            break
+                        got += n
+                    pos = offset - lo  # where the next view's bytes start in the staging buffer
+                    avail = max(0, min(got, hi - lo) - pos)
+                    moved = 0
+                    while views and avail:
+                        v = views[0]
+                        k = min(len(v), avail)
+                        _native.copy_into(v[:k], whole[pos:pos + k])
+                        pos += k
+                        avail -= k
+                        moved += k
+                        _consume(views, k)
+                    done += moved
+                    offset += moved
+                    if got < hi - lo:  # the end of the file
+                        break
+        finally:
+            READ_STAGING.give(stage)
+        return done
+
+    def will_need(self, offset: int, length: int) -> None:
+        """Nothing for long reads: they go around the page cache, so there is nothing to warm."""
+        if self.dfd < 0 or length < DIRECT_READ_MIN:
+            FileSegment.will_need(self, offset, length)
 
     def persist(self) -> None:
         with self._lock:

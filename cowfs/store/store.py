@@ -23,7 +23,7 @@ from . import namespace as ns
 from .catalog import Catalog, Txn, create_catalog
 from . import events as ev
 from .content import Extent, VersionId, load_extents
-from .reader import FileReader
+from .reader import FileReader, WindowBuffers
 from .diff import DiffReport, compare
 from .events import Event, EventBus
 from .index import ChunkIndex
@@ -90,6 +90,7 @@ class Store:
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
         self.readahead = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-readahead")
+        self.window_buffers = WindowBuffers()
         self._sessions: dict[int, WriteSession] = {}
         self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
         self._session_holds: dict[int, Callable[[], None]] = {}
@@ -356,7 +357,7 @@ class Store:
             release = self._hold_content(attr.content_id)
         return FileReader(extents, attr.size, self.log.read_run, check_chunk, release,
                           VersionId(attr.ino, attr.vid, attr.birth_gen), prefetch=self.readahead.submit,
-                          advise=self.log.will_need)
+                          advise=self.log.will_need, buffers=self.window_buffers)
 
     def _hold_content(self, cid: int | None) -> Callable[[], None]:
         """Keep a body alive against gc while a reader or session uses it."""
