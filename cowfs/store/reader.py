@@ -88,7 +88,10 @@ class Window:
         """(no users left) Give the buffer back to `pool`."""
         buf = self.data.obj
         self.recycled = True
-        self.data.release()
+        try:
+            self.data.release()
+        except BufferError:  # something still holds this very view: leave the buffer to it
+            return
         if pool is not None and isinstance(buf, bytearray):
             pool.give(buf)
 
