@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init", help="create a new store", description="Create a new, empty store directory.", epilog=EPILOG_INIT)
     s.add_argument("store", help="directory to create (must be missing or empty)")
     s.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE,
-                   help=f"direct (default: {DEFAULT_DEVICE}): O_DIRECT writes of whole 4 KiB blocks + fdatasync, "
+                   help=f"default {DEFAULT_DEVICE}. direct: O_DIRECT writes of whole 4 KiB blocks + fdatasync, "
                         "bypassing the page cache (NVMe, SSD; plain writes where the filesystem has no O_DIRECT); "
                         "file: pwrite into the page cache + fdatasync; pmem: mmap + cache-line flush "
                         "(persistent memory)")

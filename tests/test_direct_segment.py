@@ -210,11 +210,12 @@ def model_base(tmp_path):
     yield tmp_path
 
 
-@pytest.mark.parametrize("direct_reads", [False, True], ids=["page-cache-reads", "direct-reads"])
-def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, direct_reads):
-    if direct_reads:  # every read through O_DIRECT, staged two blocks at a time
+@pytest.mark.parametrize("small", [False, True], ids=["page-cache-reads", "direct-reads-small-staging"])
+def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, small):
+    if small:  # every read through O_DIRECT; reads and writes staged two blocks at a time
         monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
         monkeypatch.setattr(device_mod, "READ_STAGING", StagingPool(2 * BLOCK, keep=1))
+        monkeypatch.setattr(device_mod, "WRITE_STAGING", StagingPool(2 * BLOCK, keep=1))
     DirectSegmentModel.TestCase.settings = settings(
         max_examples=40, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

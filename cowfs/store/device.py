@@ -7,12 +7,13 @@ calls `persist()` at each durability point. Everything before the last
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from .. import _native
 from ..errors import CowfsError, NoSpace
@@ -195,7 +196,8 @@ class StagingPool:
         buf.close()
 
 
-READ_STAGING = StagingPool(STAGING, keep=4)
+READ_STAGING = StagingPool(STAGING, keep=4)  # per process: up to 4 loads at once keep theirs
+WRITE_STAGING = StagingPool(STAGING, keep=2)  # writes to one segment are serialized; few segments take writes
 
 
 class DirectFileSegment(FileSegment):
@@ -223,8 +225,6 @@ class DirectFileSegment(FileSegment):
         self._held_off = -1  # block-aligned offset of the block held in memory; -1: none
         self._held = b""  # that block's bytes up to the end of the last write into it
         self._held_dirty = False  # written since the block last went to the device
-        self._stage_map: mmap.mmap | None = None
-        self._stage: memoryview | None = None
 
     @staticmethod
     def _open_direct(path: Path, writable: bool = True) -> int:
@@ -279,8 +279,12 @@ class DirectFileSegment(FileSegment):
             self._seal()
             prefix = self._existing(start, offset - start)
         total = len(prefix) + sum(len(v) for v in views)
-        cap = min(STAGING, round_up_block(total))
-        stage = self._staging(cap)
+        cap = min(WRITE_STAGING.size, round_up_block(total))
+        with _staging(WRITE_STAGING) as stage:
+            self._fill_and_write(stage, cap, start, prefix, views)
+
+    def _fill_and_write(self, stage: memoryview, cap: int, start: int, prefix: bytes | memoryview,
+                        views: list[memoryview]) -> None:
         stage[:len(prefix)] = prefix
         pos, at = len(prefix), start
         for v in views:
@@ -307,13 +311,13 @@ class DirectFileSegment(FileSegment):
         if off + BLOCK > self.size or self.dfd < 0:  # the file's last, partial block: never extend it
             FileSegment.write(self, off, held)
         else:
-            stage = self._staging(BLOCK)
-            stage[:len(held)] = held
-            stage[len(held):BLOCK] = self._existing(off + len(held), BLOCK - len(held))
-            try:
-                self._pwrite_direct(stage[:BLOCK], off)
-            except OSError as e:
-                _raise_os(e, f"write {self.path}")
+            with _staging(WRITE_STAGING) as stage:
+                stage[:len(held)] = held
+                stage[len(held):BLOCK] = self._existing(off + len(held), BLOCK - len(held))
+                try:
+                    self._pwrite_direct(stage[:BLOCK], off)
+                except OSError as e:
+                    _raise_os(e, f"write {self.path}")
         self._held_dirty = False
 
     def _existing(self, offset: int, length: int) -> bytes:
@@ -328,21 +332,6 @@ class DirectFileSegment(FileSegment):
             n = os.pwrite(self.dfd, data, offset)
             data = data[n:]
             offset += n
-
-    def _staging(self, size: int) -> memoryview:
-        if self._stage is None or len(self._stage) < size:
-            self._free_staging()
-            self._stage_map = mmap.mmap(-1, max(size, BLOCK))  # page-aligned, as O_DIRECT needs
-            self._stage = memoryview(self._stage_map)
-        return self._stage
-
-    def _free_staging(self) -> None:
-        if self._stage is not None:
-            self._stage.release()
-            self._stage = None
-        if self._stage_map is not None:
-            self._stage_map.close()
-            self._stage_map = None
 
     def _stop_direct(self) -> None:
         os.close(self.dfd)
@@ -378,37 +367,33 @@ class DirectFileSegment(FileSegment):
 
     def _read_direct(self, offset: int, views: list[memoryview]) -> int:
         """read_into through the O_DIRECT descriptor, a staging buffer at a time."""
-        stage = READ_STAGING.take()
         done = 0
-        try:
-            with memoryview(stage) as whole:
-                while views:
-                    lo = offset - offset % BLOCK
-                    want = sum(len(v) for v in views)
-                    hi = min(round_up_block(offset + want), lo + READ_STAGING.size)
-                    got = 0
-                    while got < hi - lo:
-                        n = os.preadv(self.dfd, [whole[got:hi - lo]], lo + got)
-                        if n == 0:
-                            break
-                        got += n
-                    pos = offset - lo  # where the next view's bytes start in the staging buffer
-                    avail = max(0, min(got, hi - lo) - pos)
-                    moved = 0
-                    while views and avail:
-                        v = views[0]
-                        k = min(len(v), avail)
-                        _native.copy_into(v[:k], whole[pos:pos + k])
-                        pos += k
-                        avail -= k
-                        moved += k
-                        _consume(views, k)
-                    done += moved
-                    offset += moved
-                    if got < hi - lo:  # the end of the file
+        with _staging(READ_STAGING) as whole:
+            while views:
+                lo = offset - offset % BLOCK
+                want = sum(len(v) for v in views)
+                hi = min(round_up_block(offset + want), lo + READ_STAGING.size)
+                got = 0
+                while got < hi - lo:
+                    n = os.preadv(self.dfd, [whole[got:hi - lo]], lo + got)
+                    if n == 0:
                         break
-        finally:
-            READ_STAGING.give(stage)
+                    got += n
+                pos = offset - lo  # where the next view's bytes start in the staging buffer
+                avail = max(0, min(got, hi - lo) - pos)
+                moved = 0
+                while views and avail:
+                    v = views[0]
+                    k = min(len(v), avail)
+                    _native.copy_into(v[:k], whole[pos:pos + k])
+                    pos += k
+                    avail -= k
+                    moved += k
+                    _consume(views, k)
+                done += moved
+                offset += moved
+                if got < hi - lo:  # the end of the file
+                    break
         return done
 
     def will_need(self, offset: int, length: int) -> None:
@@ -446,11 +431,21 @@ class DirectFileSegment(FileSegment):
                 if self.fd >= 0:
                     self._seal()
             finally:
-                self._free_staging()
                 if self.dfd >= 0:
                     os.close(self.dfd)
                     self.dfd = -1
                 FileSegment.close(self)
+
+
+@contextlib.contextmanager
+def _staging(pool: StagingPool) -> Iterator[memoryview]:
+    """A page-aligned buffer from `pool` (O_DIRECT needs the alignment), given back after."""
+    buf = pool.take()
+    try:
+        with memoryview(buf) as view:
+            yield view
+    finally:
+        pool.give(buf)
 
 
 def round_up_block(n: int) -> int:
