@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from cowfs.store import device as device_mod
-from cowfs.store.device import BLOCK, DirectFileSegment, FileSegment, StagingPool
+from cowfs.store.buffers import BufferPool, staging_pool, window_pool
+from cowfs.store.device import BLOCK, DirectFileSegment, FileSegment
 
 SIZE = 16 * BLOCK
 
@@ -118,6 +119,88 @@ def test_filesystem_refusing_direct_writes_falls_back(tmp_path, monkeypatch):
         seg.close()
 
 
+def test_filesystem_without_o_direct_gets_plain_io(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def no_direct(path, flags, *mode):  # type: ignore[no-untyped-def]
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(device_mod.os, "open", no_direct)
+    path = tmp_path / "s.seg"
+    seg = DirectFileSegment.create(path, SIZE)
+    try:
+        assert seg.dfd == -1
+        data = os.urandom(SIZE - 1000)
+        seg.write(500, data)
+        seg.persist()
+        assert on_disk(path)[500:SIZE - 500] == data
+        assert seg.read(500, len(data)) == data
+    finally:
+        seg.close()
+
+
+def test_direct_reads_refused_fall_back_to_the_page_cache(tmp_path, monkeypatch):
+    path = tmp_path / "s.seg"
+    seg = DirectFileSegment.create(path, SIZE)
+    real_preadv = os.preadv
+
+    def refuse(fd, bufs, offset):  # type: ignore[no-untyped-def]
+        if fd == seg.dfd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, offset)
+
+    try:
+        data = os.urandom(SIZE)
+        seg.write(0, data)
+        seg.persist()
+        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
+        monkeypatch.setattr(device_mod.os, "preadv", refuse)
+        buf = memoryview(bytearray(SIZE - 3))
+        assert seg.read_into(3, [buf]) == SIZE - 3
+        assert bytes(buf) == data[3:]
+    finally:
+        seg.close()
+
+
+def test_read_only_open_reads_directly(tmp_path, monkeypatch):
+    path = tmp_path / "s.seg"
+    seg = DirectFileSegment.create(path, SIZE)
+    data = os.urandom(SIZE)
+    seg.write(0, data)
+    seg.close()
+    seg = DirectFileSegment.open(path, writable=False)
+    try:
+        assert seg.dfd >= 0
+        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
+        buf = memoryview(bytearray(1000))
+        assert seg.read_into(SIZE - 1000, [buf]) == 1000
+        assert bytes(buf) == data[-1000:]
+    finally:
+        seg.close()
+
+
+def test_buffer_pool_keeps_what_it_may_reuse():
+    discarded: list[bytearray] = []
+    pool = BufferPool(16, keep=1, make=bytearray, reusable=lambda b: b[0] == 0, discard=discarded.append)
+    a, b = pool.take(), pool.take()
+    assert len(a) == 16 and a is not b
+    pool.give(a)
+    pool.give(b)  # more than `keep`
+    assert pool.take() is a and discarded == [b]
+    a[0] = 1
+    pool.give(a)  # not reusable
+    pool.give(bytearray(8))  # wrong size
+    assert len(discarded) == 3 and pool.take() is not a
+    windows = window_pool(16, keep=2)
+    w = windows.take()
+    held = memoryview(w)[2:4]
+    windows.give(w)  # a view is left: not kept
+    assert windows.take() is not w
+    held.release()
+
+
 class DirectSegmentModel(RuleBasedStateMachine):
     """Random writes (mostly appends, some anywhere, as gc's zeroing does), punches, reads,
     persists and reopens, checked against a bytearray."""
@@ -214,8 +297,8 @@ def model_base(tmp_path):
 def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, small):
     if small:  # every read through O_DIRECT; reads and writes staged two blocks at a time
         monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
-        monkeypatch.setattr(device_mod, "READ_STAGING", StagingPool(2 * BLOCK, keep=1))
-        monkeypatch.setattr(device_mod, "WRITE_STAGING", StagingPool(2 * BLOCK, keep=1))
+        monkeypatch.setattr(device_mod, "READ_STAGING", staging_pool(2 * BLOCK, keep=1))
+        monkeypatch.setattr(device_mod, "WRITE_STAGING", staging_pool(2 * BLOCK, keep=1))
     DirectSegmentModel.TestCase.settings = settings(
         max_examples=40, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

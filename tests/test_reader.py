@@ -204,7 +204,7 @@ def test_window_buffers_are_reused_and_old_bytes_never_show(store):
     with store.open_reader(ino) as r:
         assert any(e.chunk is None for e in r.extents), "no hole extent to test"
     pool = store.window_buffers
-    garbage = [bytearray(b"\xee") * pool.SIZE for _ in range(pool.keep)]
+    garbage = [bytearray(b"\xee") * pool.size for _ in range(pool.keep)]
     pool._free[:] = list(garbage)
     for _ in range(2):
         with store.open_reader(ino) as r:

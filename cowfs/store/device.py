@@ -7,16 +7,16 @@ calls `persist()` at each durability point. Everything before the last
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from .. import _native
 from ..errors import CowfsError, NoSpace
+from .buffers import staging_pool
 
 IOV_MAX = 1024  # buffers per pwritev (Linux UIO_MAXIOV)
 
@@ -172,32 +172,8 @@ STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for i
 DIRECT_READ_MIN = 256 << 10  # reads at least this long bypass the page cache (window loads)
 
 
-class StagingPool:
-    """Page-aligned buffers (anonymous mmaps) of one size for O_DIRECT reads, kept for reuse: a
-    new buffer costs a page fault per 4 KiB page the first time it is filled."""
-
-    def __init__(self, size: int, keep: int) -> None:
-        self.size = size
-        self.keep = keep
-        self._free: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> mmap.mmap:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return mmap.mmap(-1, self.size)
-
-    def give(self, buf: mmap.mmap) -> None:
-        with self._lock:
-            if len(self._free) < self.keep:
-                self._free.append(buf)
-                return
-        buf.close()
-
-
-READ_STAGING = StagingPool(STAGING, keep=4)  # per process: up to 4 loads at once keep theirs
-WRITE_STAGING = StagingPool(STAGING, keep=2)  # writes to one segment are serialized; few segments take writes
+READ_STAGING = staging_pool(STAGING, keep=4)  # per process: up to 4 loads at once keep theirs
+WRITE_STAGING = staging_pool(STAGING, keep=2)  # writes to one segment are serialized; few segments take writes
 
 
 class DirectFileSegment(FileSegment):
@@ -280,7 +256,7 @@ class DirectFileSegment(FileSegment):
             prefix = self._existing(start, offset - start)
         total = len(prefix) + sum(len(v) for v in views)
         cap = min(WRITE_STAGING.size, round_up_block(total))
-        with _staging(WRITE_STAGING) as stage:
+        with WRITE_STAGING.lend() as stage:
             self._fill_and_write(stage, cap, start, prefix, views)
 
     def _fill_and_write(self, stage: memoryview, cap: int, start: int, prefix: bytes | memoryview,
@@ -311,7 +287,7 @@ class DirectFileSegment(FileSegment):
         if off + BLOCK > self.size or self.dfd < 0:  # the file's last, partial block: never extend it
             FileSegment.write(self, off, held)
         else:
-            with _staging(WRITE_STAGING) as stage:
+            with WRITE_STAGING.lend() as stage:
                 stage[:len(held)] = held
                 stage[len(held):BLOCK] = self._existing(off + len(held), BLOCK - len(held))
                 try:
@@ -368,7 +344,7 @@ class DirectFileSegment(FileSegment):
     def _read_direct(self, offset: int, views: list[memoryview]) -> int:
         """read_into through the O_DIRECT descriptor, a staging buffer at a time."""
         done = 0
-        with _staging(READ_STAGING) as whole:
+        with READ_STAGING.lend() as whole:
             while views:
                 lo = offset - offset % BLOCK
                 want = sum(len(v) for v in views)
@@ -435,17 +411,6 @@ class DirectFileSegment(FileSegment):
                     os.close(self.dfd)
                     self.dfd = -1
                 FileSegment.close(self)
-
-
-@contextlib.contextmanager
-def _staging(pool: StagingPool) -> Iterator[memoryview]:
-    """A page-aligned buffer from `pool` (O_DIRECT needs the alignment), given back after."""
-    buf = pool.take()
-    try:
-        with memoryview(buf) as view:
-            yield view
-    finally:
-        pool.give(buf)
 
 
 def round_up_block(n: int) -> int:

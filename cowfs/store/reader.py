@@ -22,8 +22,8 @@ import threading
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
-from .. import _native
 from ..errors import CorruptData
+from .buffers import BufferPool
 from .content import Extent, VersionId, find_extent
 from .records import MAX_PAYLOAD
 
@@ -38,34 +38,7 @@ AHEAD = 2  # windows loaded ahead of the one being read
 MAX_RUN = 256  # records per read_run (3 buffers each, within one preadv's 1024)
 
 
-class WindowBuffers:
-    """Window buffers kept for reuse, one pool per store. A new 4 MiB bytearray is zeroed with
-    the GIL held, and each of its pages faults in when first touched (~3 us per 4 KiB page on
-    the benchmark VM, 3 ms per window); a reused one costs neither. A buffer comes back only
-    when no view of it is left (a reply being sent still holds one)."""
-
-    SIZE = WINDOW + (1 << 20)  # a window plus the chunks straddling its two borders
-
-    def __init__(self, keep: int = 8) -> None:
-        self.keep = keep
-        self._free: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bytearray:
-        """A buffer of at least n bytes, with arbitrary contents."""
-        if n <= self.SIZE:
-            with self._lock:
-                if self._free:
-                    return self._free.pop()
-            return bytearray(self.SIZE)
-        return bytearray(n)
-
-    def give(self, buf: bytearray) -> None:
-        if len(buf) != self.SIZE or _native.bytearray_exported(buf):
-            return
-        with self._lock:
-            if len(self._free) < self.keep:
-                self._free.append(buf)
+WINDOW_BUFFER = WINDOW + (1 << 20)  # a pooled window buffer: a window plus the chunks straddling its borders
 
 
 class Window:
@@ -84,7 +57,7 @@ class Window:
         self.dropped = False
         self.recycled = False
 
-    def recycle(self, pool: WindowBuffers | None) -> None:
+    def recycle(self, pool: BufferPool[bytearray] | None) -> None:
         """(no users left) Give the buffer back to `pool`."""
         buf = self.data.obj
         self.recycled = True
@@ -117,7 +90,7 @@ class FileReader:
     def __init__(self, extents: list[Extent], size: int, read_run: ReadRun, check: CheckChunk,
                  on_close: Callable[[], None] | None = None, version: VersionId | None = None,
                  prefetch: Prefetch | None = None, advise: Advise | None = None,
-                 buffers: WindowBuffers | None = None) -> None:
+                 buffers: BufferPool[bytearray] | None = None) -> None:
         self.extents = extents
         self.size = size
         self.version = version
@@ -151,9 +124,13 @@ class FileReader:
                     f.set_exception(e)
             if futures is not None:
                 try:
-                    data = self._serve_windows([f.result() for f in futures], offset, end)
-                    if data is not None:
-                        return data
+                    windows = [f.result() for f in futures]
+                    with self._lock:  # a window dropped and recycled since _plan: not served
+                        usable = not any(w.recycled for w in windows)
+                        for w in windows if usable else []:
+                            w.users += 1
+                    if usable:
+                        return self._serve_in_use(windows, offset, end)
                 except CorruptData as e:
                     if not any(f.exception() is not None for f in futures):
                         raise  # a damaged chunk within [offset, end)
@@ -178,9 +155,7 @@ class FileReader:
                 w.users += 1
             self._note_read(first, last)
         with self._named_errors():
-            data = self._serve_windows(windows, offset, end, used=True)
-            assert data is not None  # counted as used before its reader could drop them
-            return data
+            return self._serve_in_use(windows, offset, end)
 
     def fetch(self, offset: int, length: int) -> list[Future[Window]] | None:
         """Start loading (in the prefetch pool) the windows a read needs, without waiting; their
@@ -245,7 +220,11 @@ class FileReader:
         return self._load_range(k * WINDOW, (k + 1) * WINDOW)
 
     def _load_range(self, lo: int, hi: int) -> Window:
-        take = self._buffers.take if self._buffers is not None else bytearray
+        pool = self._buffers
+
+        def take(n: int) -> bytearray:
+            return pool.take() if pool is not None and n <= pool.size else bytearray(n)
+
         return read_window(self.extents, self._starts, self.size, self._read_run, lo, hi, take)
 
     def _drop(self, f: Future[Window]) -> None:
@@ -259,16 +238,9 @@ class FileReader:
         if w.users == 0:
             w.recycle(self._buffers)
 
-    def _serve_windows(self, windows: list[Window], offset: int, end: int,
-                       used: bool = False) -> bytes | memoryview | None:
-        """_serve, with each window counted as in use meanwhile (`used`: already counted).
-        None if a window was dropped and recycled before this read got to it."""
-        if not used:
-            with self._lock:
-                if any(w.recycled for w in windows):
-                    return None
-                for w in windows:
-                    w.users += 1
+    def _serve_in_use(self, windows: list[Window], offset: int, end: int) -> bytes | memoryview:
+        """_serve from windows the caller counted in `users`; uncounted after, and a window its
+        reader dropped meanwhile is recycled by its last user."""
         try:
             return self._serve(windows, offset, end)
         finally:

@@ -23,7 +23,8 @@ from . import namespace as ns
 from .catalog import Catalog, Txn, create_catalog
 from . import events as ev
 from .content import Extent, VersionId, load_extents
-from .reader import FileReader, WindowBuffers
+from .buffers import window_pool
+from .reader import WINDOW_BUFFER, FileReader
 from .diff import DiffReport, compare
 from .events import Event, EventBus
 from .index import ChunkIndex
@@ -90,7 +91,7 @@ class Store:
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
         self.readahead = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-readahead")
-        self.window_buffers = WindowBuffers()
+        self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
         self._sessions: dict[int, WriteSession] = {}
         self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
         self._session_holds: dict[int, Callable[[], None]] = {}
