@@ -194,42 +194,6 @@ static PyObject *punch_hole(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(copy_into_doc,
-"copy_into(dst, src) -> None\n\n"
-"Copy the bytes of buffer src into the writable buffer dst of the same\n"
-"length (ValueError otherwise), like dst[:] = src, but with the GIL\n"
-"released for copies of 64 KiB or more, so other threads run meanwhile.");
-
-static PyObject *copy_into(PyObject *self, PyObject *args)
-{
-    PyObject *dst_obj, *src_obj;
-    Py_buffer dst, src;
-
-    if (!PyArg_ParseTuple(args, "OO:copy_into", &dst_obj, &src_obj))
-        return NULL;
-    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (dst.len != src.len) {
-        PyErr_Format(PyExc_ValueError, "copy_into: destination has %zd bytes, source %zd",
-                     dst.len, src.len);
-    } else if (dst.len >= 65536) {
-        Py_BEGIN_ALLOW_THREADS
-        memmove(dst.buf, src.buf, (size_t)dst.len);
-        Py_END_ALLOW_THREADS
-    } else if (dst.len > 0) {
-        memmove(dst.buf, src.buf, (size_t)dst.len);
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(bytearray_exported_doc,
 "bytearray_exported(b) -> bool\n\n"
 "True while some buffer (a memoryview, or a slice of one) still refers to\n"
@@ -245,7 +209,6 @@ static PyObject *bytearray_exported(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef native_methods[] = {
-    {"copy_into", copy_into, METH_VARARGS, copy_into_doc},
     {"bytearray_exported", bytearray_exported, METH_O, bytearray_exported_doc},
     {"cpu_flush_instruction", cpu_flush_instruction, METH_NOARGS,
      cpu_flush_instruction_doc},
@@ -260,8 +223,8 @@ PyDoc_STRVAR(module_doc,
 "Native helpers for cowfs: cache-line write-back for memory-mapped files\n"
 "(persist, cpu_flush_instruction), MAP_SYNC detection for DAX files\n"
 "(map_sync_supported), hole punching (punch_hole), and for the read path a\n"
-"copy that releases the GIL (copy_into) and a check that no view still\n"
-"refers to a bytearray (bytearray_exported). Linux only.");
+"check that no view still refers to a bytearray (bytearray_exported).\n"
+"Linux only.");
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "cowfs._native", module_doc, -1, native_methods,

@@ -76,7 +76,7 @@ def test_close_writes_the_held_block_and_reopen_continues(tmp_path):
         seg.close()
 
 
-def test_long_reads_bypass_the_page_cache(tmp_path, monkeypatch):
+def test_reads_go_through_the_page_cache_after_the_held_block(tmp_path, monkeypatch):
     path = tmp_path / "s.seg"
     seg = DirectFileSegment.create(path, SIZE)
     calls = []
@@ -86,13 +86,9 @@ def test_long_reads_bypass_the_page_cache(tmp_path, monkeypatch):
         data = os.urandom(SIZE - 100)
         seg.write(100, data)  # the last block stays held: the read must write it first
         buf = memoryview(bytearray(SIZE - 150))
-        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 8 * BLOCK)
         assert seg.read_into(150, [buf[:5], buf[5:]]) == SIZE - 150
         assert bytes(buf) == data[50:]
-        assert calls and set(calls) == {seg.dfd}
-        calls.clear()
-        assert seg.read_into(150, [buf[:BLOCK]]) == BLOCK  # short: through the page cache
-        assert calls == [seg.fd]
+        assert calls and set(calls) == {seg.fd}
         assert seg.read_into(SIZE - 10, [memoryview(bytearray(9 * BLOCK))]) == 10  # the end of the file
     finally:
         seg.close()
@@ -141,30 +137,7 @@ def test_filesystem_without_o_direct_gets_plain_io(tmp_path, monkeypatch):
         seg.close()
 
 
-def test_direct_reads_refused_fall_back_to_the_page_cache(tmp_path, monkeypatch):
-    path = tmp_path / "s.seg"
-    seg = DirectFileSegment.create(path, SIZE)
-    real_preadv = os.preadv
-
-    def refuse(fd, bufs, offset):  # type: ignore[no-untyped-def]
-        if fd == seg.dfd:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_preadv(fd, bufs, offset)
-
-    try:
-        data = os.urandom(SIZE)
-        seg.write(0, data)
-        seg.persist()
-        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
-        monkeypatch.setattr(device_mod.os, "preadv", refuse)
-        buf = memoryview(bytearray(SIZE - 3))
-        assert seg.read_into(3, [buf]) == SIZE - 3
-        assert bytes(buf) == data[3:]
-    finally:
-        seg.close()
-
-
-def test_read_only_open_reads_directly(tmp_path, monkeypatch):
+def test_read_only_open_has_no_direct_descriptor(tmp_path):
     path = tmp_path / "s.seg"
     seg = DirectFileSegment.create(path, SIZE)
     data = os.urandom(SIZE)
@@ -172,8 +145,7 @@ def test_read_only_open_reads_directly(tmp_path, monkeypatch):
     seg.close()
     seg = DirectFileSegment.open(path, writable=False)
     try:
-        assert seg.dfd >= 0
-        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
+        assert seg.dfd == -1
         buf = memoryview(bytearray(1000))
         assert seg.read_into(SIZE - 1000, [buf]) == 1000
         assert bytes(buf) == data[-1000:]
@@ -293,11 +265,9 @@ def model_base(tmp_path):
     yield tmp_path
 
 
-@pytest.mark.parametrize("small", [False, True], ids=["page-cache-reads", "direct-reads-small-staging"])
+@pytest.mark.parametrize("small", [False, True], ids=["default-staging", "two-block-staging"])
 def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, small):
-    if small:  # every read through O_DIRECT; reads and writes staged two blocks at a time
-        monkeypatch.setattr(device_mod, "DIRECT_READ_MIN", 1)
-        monkeypatch.setattr(device_mod, "READ_STAGING", staging_pool(2 * BLOCK, keep=1))
+    if small:  # writes staged two blocks at a time: full staging buffers are flushed mid-write
         monkeypatch.setattr(device_mod, "WRITE_STAGING", staging_pool(2 * BLOCK, keep=1))
     DirectSegmentModel.TestCase.settings = settings(
         max_examples=40, stateful_step_count=30, deadline=None,

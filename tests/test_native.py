@@ -144,20 +144,6 @@ def test_punch_hole_on_pipe():
         os.close(w)
 
 
-def test_copy_into_copies_and_checks_lengths():
-    src = bytes(range(256)) * 1024  # 256 KiB: the GIL is released for this one
-    dst = bytearray(len(src))
-    _native.copy_into(dst, src)
-    assert dst == src
-    small = bytearray(3)
-    _native.copy_into(memoryview(small)[1:], b"ab")
-    assert small == b"\0ab"
-    with pytest.raises(ValueError):
-        _native.copy_into(bytearray(4), b"abc")
-    with pytest.raises(BufferError):
-        _native.copy_into(b"abc", b"abc")  # not writable
-
-
 def test_bytearray_exported_follows_views():
     b = bytearray(100)
     assert not _native.bytearray_exported(b)

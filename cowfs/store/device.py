@@ -169,10 +169,8 @@ class FileSegment:
 
 BLOCK = 4096  # O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors)
 STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for its writes
-DIRECT_READ_MIN = 256 << 10  # reads at least this long bypass the page cache (window loads)
 
 
-READ_STAGING = staging_pool(STAGING, keep=4)  # per process: up to 4 loads at once keep theirs
 WRITE_STAGING = staging_pool(STAGING, keep=2)  # writes to one segment are serialized; few segments take writes
 
 
@@ -186,9 +184,9 @@ class DirectFileSegment(FileSegment):
     continues from the held copy, so the block is written again whole, its earlier bytes
     unchanged.
 
-    Reads of at least DIRECT_READ_MIN bytes (a reader's windows) are O_DIRECT too: the aligned
-    blocks around them into a reused staging buffer, then copied out. Shorter reads, punches
-    and `image` use an ordinary (page-cache) descriptor; the kernel keeps the two coherent.
+    Reads, punches and `image` use the ordinary (page-cache) descriptor, as `FileSegment`
+    does, read-ahead hints included; the kernel keeps the two descriptors coherent. (Window
+    loads with O_DIRECT were tried and measured slower: docs/benchmarks.md, fourth round.)
 
     Where the filesystem refuses O_DIRECT (at open or on the first write) the segment falls
     back to plain pwrite + fdatasync, like `FileSegment`.
@@ -203,9 +201,9 @@ class DirectFileSegment(FileSegment):
         self._held_dirty = False  # written since the block last went to the device
 
     @staticmethod
-    def _open_direct(path: Path, writable: bool = True) -> int:
+    def _open_direct(path: Path) -> int:
         try:
-            return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_DIRECT | os.O_CLOEXEC)
+            return os.open(path, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
         except OSError as e:
             if e.errno == errno.EINVAL:  # the filesystem has no O_DIRECT
                 return -1
@@ -220,8 +218,10 @@ class DirectFileSegment(FileSegment):
     @classmethod
     def open(cls, path: Path, writable: bool = True) -> "DirectFileSegment":
         seg = FileSegment.open(path, writable)
+        if not writable:
+            return cls(path, seg.fd, -1)  # reads use the page cache anyway
         try:
-            dfd = cls._open_direct(path, writable)
+            dfd = cls._open_direct(path)
         except CowfsError:
             seg.close()
             raise
@@ -331,51 +331,8 @@ class DirectFileSegment(FileSegment):
         return FileSegment.read(self, offset, length)
 
     def read_into(self, offset: int, buffers: list[memoryview]) -> int:
-        total = sum(len(b) for b in buffers)
-        self._seal_if_touched(offset, total)
-        if self.dfd >= 0 and total >= DIRECT_READ_MIN:
-            try:
-                return self._read_direct(offset, [b for b in buffers if len(b)])
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    _raise_os(e, f"read {self.path}")
+        self._seal_if_touched(offset, sum(len(b) for b in buffers))
         return FileSegment.read_into(self, offset, buffers)
-
-    def _read_direct(self, offset: int, views: list[memoryview]) -> int:
-        """read_into through the O_DIRECT descriptor, a staging buffer at a time."""
-        done = 0
-        with READ_STAGING.lend() as whole:
-            while views:
-                lo = offset - offset % BLOCK
-                want = sum(len(v) for v in views)
-                hi = min(round_up_block(offset + want), lo + READ_STAGING.size)
-                got = 0
-                while got < hi - lo:
-                    n = os.preadv(self.dfd, [whole[got:hi - lo]], lo + got)
-                    if n == 0:
-                        break
-                    got += n
-                pos = offset - lo  # where the next view's bytes start in the staging buffer
-                avail = max(0, min(got, hi - lo) - pos)
-                moved = 0
-                while views and avail:
-                    v = views[0]
-                    k = min(len(v), avail)
-                    _native.copy_into(v[:k], whole[pos:pos + k])
-                    pos += k
-                    avail -= k
-                    moved += k
-                    _consume(views, k)
-                done += moved
-                offset += moved
-                if got < hi - lo:  # the end of the file
-                    break
-        return done
-
-    def will_need(self, offset: int, length: int) -> None:
-        """Nothing for long reads: they go around the page cache, so there is nothing to warm."""
-        if self.dfd < 0 or length < DIRECT_READ_MIN:
-            FileSegment.will_need(self, offset, length)
 
     def persist(self) -> None:
         with self._lock:
