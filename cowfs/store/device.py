@@ -168,6 +168,11 @@ class FileSegment:
 
 
 BLOCK = 4096  # O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors)
+
+
+def round_up(n: int, align: int = BLOCK) -> int:
+    return (n + align - 1) // align * align
+
 STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for its writes
 
 
@@ -255,7 +260,7 @@ class DirectFileSegment(FileSegment):
             self._seal()
             prefix = self._existing(start, offset - start)
         total = len(prefix) + sum(len(v) for v in views)
-        cap = min(WRITE_STAGING.size, round_up_block(total))
+        cap = min(WRITE_STAGING.size, round_up(total))
         with WRITE_STAGING.lend() as stage:
             self._fill_and_write(stage, cap, start, prefix, views)
 
@@ -368,10 +373,6 @@ class DirectFileSegment(FileSegment):
                     os.close(self.dfd)
                     self.dfd = -1
                 FileSegment.close(self)
-
-
-def round_up_block(n: int) -> int:
-    return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
 class PmemSegment(FileSegment):

@@ -20,8 +20,9 @@ import blake3
 from ..errors import CorruptCatalog, StoreError
 from . import namespace as ns
 from .catalog import Txn, rebuild_catalog
+from .device import round_up
 from .layout import CATALOG_FILE, segment_path
-from .log import Location, round_up
+from .log import Location
 from .records import DATA_START, RecordError, decode_segment_header, record_span, scan_records
 from .schema import LIVE, ROOT_INO
 

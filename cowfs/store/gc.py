@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .catalog import Txn
+from .device import round_up
 from .layout import segment_path
-from .log import round_up
 from .records import DATA_START, record_span
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import CorruptData
-from .device import FileSegment, segment_class
+from .device import FileSegment, round_up, segment_class
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
     DATA_START,
@@ -42,10 +42,6 @@ class Location:
     @property
     def span(self) -> int:
         return record_span(self.stored_len)
-
-
-def round_up(n: int, align: int = 4096) -> int:
-    return (n + align - 1) // align * align
 
 
 def check_chunk(chunk_id: bytes, data: bytes | memoryview) -> None:
