@@ -11,20 +11,12 @@ from typing import Callable, NoReturn, Sequence
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, StoreError
 from .store import Store
-from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, parse_size
+from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
+from .units import human_bytes, parse_size
 
 TARGET_HELP = "a store directory, or the mountpoint of a mounted store (then the daemon serves the request)"
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
 EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> "1.5 KiB" (the CLI's and the test harnesses' way of showing sizes)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _time(ns: int) -> str:

@@ -1,15 +1,7 @@
-"""Reach a store from the CLI: directly when unmounted, through its daemon when mounted.
-
-The daemon listens on STORE/daemon.sock. The protocol is JSON lines: a request
-{"op": NAME, "args": {...}}, then one response {"ok": true, "result": ...} or
-{"ok": false, "error": MESSAGE, "errno": N}. Bytes travel base64-encoded
-({"b64": ...}). A request with "progress": true (gc, fsck, prune) may get
-{"progress": [DONE, TOTAL]} lines before its response; a "watch" request gets
-its response, then one {"event": {...}} line per change. See docs/cli.md.
-"""
+"""Reach a store from the CLI: directly when unmounted, through its daemon when mounted
+(the wire format is in protocol.py)."""
 from __future__ import annotations
 
-import base64
 import errno
 import fcntl
 import json
@@ -21,25 +13,11 @@ from typing import Any, Callable, Iterator
 from . import service
 from .errors import CowfsError, StoreError
 from .store import Store
+from .mountinfo import mounted_cowfs
+from .protocol import SOCKET_NAME, decode, encode, short_path
 from .store.layout import CONFIG_FILE, LOCK_FILE
 
-SOCKET_NAME = "daemon.sock"
 Progress = Callable[[int, int], None]
-
-
-def encode(value: Any) -> Any:
-    return {"b64": base64.b64encode(value).decode()} if isinstance(value, bytes) else value
-
-
-def decode(value: Any) -> Any:
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return base64.b64decode(value["b64"])
-    return value
-
-
-def short_path(dir_fd: int, name: str) -> str:
-    """A path to `name` in the directory `dir_fd` short enough for a unix socket address."""
-    return f"/proc/self/fd/{dir_fd}/{name}"
 
 
 class DirectTarget:
@@ -140,8 +118,6 @@ def _locked(store: Path) -> bool:
 
 def store_of(target: str) -> Path:
     """The store behind TARGET: a store directory, or the mountpoint of a mounted store."""
-    from .fs.mount import mounted_cowfs
-
     path = Path(target).absolute()
     mounts = mounted_cowfs()
     if str(path) in mounts:

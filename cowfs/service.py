@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from .errors import InvalidArgument, IsADirectory
 from .store import Store
-from .store.retention import KeepPolicy, parse_duration, plan
+from .store.retention import KeepPolicy, plan
+from .units import duration_ns
 
 
 Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
@@ -145,7 +146,7 @@ def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep
           keep_daily: int = 0, keep_weekly: int = 0, keep_name: list[str] | None = None,
           keep_history: str | None = None, dry_run: bool = False, run_gc: bool = True,
           progress: Progress | None = None) -> dict[str, Any]:
-    policy = KeepPolicy(keep_last, parse_duration(keep_within) if keep_within else 0, keep_hourly, keep_daily,
+    policy = KeepPolicy(keep_last, duration_ns(keep_within) if keep_within else 0, keep_hourly, keep_daily,
                         keep_weekly, tuple(keep_name or ()))
     decisions = plan(store.snapshot_list(), policy)
     out: dict[str, Any] = {
@@ -158,7 +159,7 @@ def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep
     for d in decisions:
         if not d.keep:
             store.snapshot_delete(d.snapshot.name)
-    out["history_rows_dropped"] = store.expire_history(parse_duration(keep_history) if keep_history else 0)
+    out["history_rows_dropped"] = store.expire_history(duration_ns(keep_history) if keep_history else 0)
     if run_gc:
         out["gc"] = gc(store, progress)
     return out

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from cowfs.fs.mount import mounted_cowfs, process_alive
+from cowfs.mountinfo import mounted_cowfs, process_alive
 
 import pytest
 

@@ -27,7 +27,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.mountinfo import mounted_cowfs
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import segment_path
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.mountinfo import mounted_cowfs
 
 HARNESS = Path(__file__).resolve().parent.parent / "tools" / "crashtest.py"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.fs.mount import mounted_cowfs
+from cowfs.mountinfo import mounted_cowfs
 
 from mountutil import mounted, store  # noqa: F401 (store is a fixture)
 

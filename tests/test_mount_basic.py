@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cowfs.fs.mount import process_alive
+from cowfs.mountinfo import process_alive
 from cowfs.store import Store
 
 from mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)

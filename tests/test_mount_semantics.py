@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.fs.mount import mounted_cowfs, process_alive
+from cowfs.mountinfo import mounted_cowfs, process_alive
 from cowfs.store import Store
 
 from mountutil import cowfs, daemon_pid, kill9, mounted, store  # noqa: F401 (store is a fixture)

@@ -8,7 +8,8 @@ import pytest
 
 from cowfs.errors import InvalidArgument
 from cowfs.store import ROOT_INO, Snapshot, Store
-from cowfs.store.retention import KeepPolicy, parse_duration, plan
+from cowfs.store.retention import KeepPolicy, plan
+from cowfs.units import duration_ns
 
 from mountutil import cowfs, mounted
 from storeutil import assert_clean, data, new_store
@@ -28,7 +29,7 @@ def kept(decisions) -> list[str]:
 TABLE = [
     # (hours ago of each snapshot, policy, names kept)
     ((0, 1, 2, 3, 4), KeepPolicy(last=2), ["s0", "s1"]),
-    ((0, 1, 2, 30), KeepPolicy(within_ns=parse_duration("2h")), ["s0", "s1", "s2"]),
+    ((0, 1, 2, 30), KeepPolicy(within_ns=duration_ns("2h")), ["s0", "s1", "s2"]),
     ((0, 0.2, 0.5, 1.1, 1.5, 2.5), KeepPolicy(hourly=3), ["s0", "s1", "s3"]),  # newest of hours 12, 11, 10
     ((0, 5, 13, 25, 26, 50), KeepPolicy(daily=2), ["s0", "s2"]),  # 11-22 12:00, 11-21 23:00
     ((0, 24 * 3, 24 * 8, 24 * 9, 24 * 20), KeepPolicy(weekly=2), ["s0", "s2"]),
@@ -44,13 +45,13 @@ def test_keep_rules(hours, policy, want):
 
 
 def test_reasons_and_refusal():
-    d = plan(snaps(0, 1), KeepPolicy(last=1, within_ns=parse_duration("30m")))
+    d = plan(snaps(0, 1), KeepPolicy(last=1, within_ns=duration_ns("30m")))
     assert d[0].reasons == ["last 1", "within"] and d[1].reasons == []
     with pytest.raises(InvalidArgument, match="no keep rule"):
         plan(snaps(0), KeepPolicy())
     with pytest.raises(InvalidArgument):
-        parse_duration("soon")
-    assert parse_duration("1d12h") == 36 * H
+        duration_ns("soon")
+    assert duration_ns("1d12h") == 36 * H
 
 
 @pytest.fixture

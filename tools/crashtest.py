@@ -79,8 +79,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from cowfs.cli import human_bytes
-from cowfs.fs.mount import process_alive
+from cowfs.units import human_bytes
+from cowfs.mountinfo import process_alive
 from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
 from harnessutil import sha_file
 

@@ -1,8 +1,36 @@
-"""Helpers the test harnesses in tools/ share (they run as scripts, so tools/ is on sys.path)."""
+"""What the harnesses in tools/ (crashtest, loadtest, bench) and the tests all need:
+running the cowfs CLI as a user would, and checksumming files.
+
+Facts about mounts and daemons (mounted_cowfs, daemon_pid, process_alive,
+lazy_unmount) are the product's own and live in cowfs.mountinfo.
+"""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
+
+
+class CliError(RuntimeError):
+    """The cowfs CLI exited non-zero; the message has its exit code and its one-line error."""
+
+    def __init__(self, args: tuple[str, ...], result: subprocess.CompletedProcess) -> None:
+        out = result.stderr if isinstance(result.stderr, str) else (result.stderr or b"").decode(errors="replace")
+        if not out.strip():
+            out = result.stdout if isinstance(result.stdout, str) else (result.stdout or b"").decode(errors="replace")
+        super().__init__(f"cowfs {' '.join(args)} failed ({result.returncode}): {out.strip()}")
+        self.result = result
+
+
+def run_cowfs(*args: str, check: bool = True, timeout: float = 300, text: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m cowfs.cli ARGS` with no stdin, output captured; CliError on a non-zero exit
+    when `check` is set."""
+    r = subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, text=text,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and r.returncode != 0:
+        raise CliError(args, r)
+    return r
 
 
 def sha_file(path: Path) -> tuple[str, int]:

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from cowfs.cli import human_bytes
+from cowfs.units import human_bytes
 from harnessutil import sha_file
 
 EMPTY = hashlib.sha256(b"").hexdigest()
@@ -845,7 +845,7 @@ def collect_results(workdir: Path, procs: list[multiprocessing.Process], out: Ou
 
 
 def unmount(store: Path, mnt: Path, daemon_pid: int) -> list[str]:
-    from cowfs.fs.mount import mounted_cowfs, process_alive
+    from cowfs.mountinfo import mounted_cowfs, process_alive
 
     errors = []
     if str(mnt) in mounted_cowfs():

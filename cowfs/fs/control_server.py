@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 from .. import service
-from ..control import SOCKET_NAME, decode, encode, short_path
+from ..protocol import SOCKET_NAME, decode, encode, short_path
 from ..errors import CowfsError
 from ..store.events import Event
 from .views import SNAPDIR_INO

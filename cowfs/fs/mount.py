@@ -16,7 +16,6 @@ import fcntl
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,48 +24,21 @@ import pyfuse3
 import trio
 
 from ..errors import Busy, CowfsError, StoreError
+from ..mountinfo import FSNAME_PREFIX, daemon_pid, lazy_unmount, mount_fields, mounted_cowfs, process_alive
 from ..store import Store
 from ..store.layout import LOCK_FILE, read_config
+from ..units import parse_duration
 from .control_server import serve_control
 from .openers import mount_id
 from .operations import CowfsOperations, in_thread
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
-FSNAME_PREFIX = "cowfs:"
 READ_AHEAD_KIB = 4096  # torch.load from a fresh mount: 516 MB/s at the 128 KiB default, 865-911 here (design notes)
 
 
 class MountError(CowfsError):
     errno = errno.EINVAL
-
-
-def parse_interval(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    t = text.strip().lower()
-    try:
-        if t and t[-1] in units:
-            value = float(t[:-1]) * units[t[-1]]
-        else:
-            value = float(t)
-    except ValueError:
-        raise MountError(f"not an interval: {text!r} (use e.g. 30s, 10m, 1h)") from None
-    if value < 1:
-        raise MountError("the auto-snapshot interval must be at least 1s")
-    return value
-
-
-def mounted_cowfs() -> dict[str, str]:
-    """Mountpoint -> store path of every live cowfs mount (from /proc/self/mountinfo)."""
-    out = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = right.split()
-            if len(fields) >= 2 and fields[0] == "fuse.cowfs" and fields[1].startswith(FSNAME_PREFIX):
-                mnt = left.split()[4].encode().decode("unicode_escape")
-                out[mnt] = fields[1][len(FSNAME_PREFIX):].encode().decode("unicode_escape")
-    return out
 
 
 def check_mount_inputs(store: Path, mountpoint: Path) -> None:
@@ -175,12 +147,8 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
     """Let the kernel read ahead `kib` KiB on this mount (the FUSE default is 128 KiB, which
     caps sequential reads at 128 KiB requests). Found through the mount's device number in
     /proc/self/mountinfo, so nothing is asked of the file system itself; needs root."""
-    dev = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4].encode().decode("unicode_escape") == str(mountpoint):
-                dev = fields[2]  # major:minor, the name of the mount's backing device info
+    fields = mount_fields(mountpoint)
+    dev = fields[2] if fields else None  # major:minor, the name of the mount's backing device info
     try:
         if dev is None:
             raise FileNotFoundError(f"{mountpoint} is not in /proc/self/mountinfo")
@@ -220,7 +188,9 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
           auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool = False) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
-    interval = parse_interval(auto_snapshot) if auto_snapshot else None
+    interval = parse_duration(auto_snapshot) if auto_snapshot else None
+    if interval is not None and interval < 1:
+        raise MountError("the auto-snapshot interval must be at least 1s")
     check_mount_inputs(store_path, mnt)
     if foreground:
         return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
@@ -263,30 +233,6 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     raise MountError(text[4:] if text.startswith("ERR ") else f"the daemon exited before the mount was live ({text or 'no message'})")
 
 
-def _daemon_pid(store: Path) -> int | None:
-    try:
-        text = (store / LOCK_FILE).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` exists and has not exited (a zombie waiting to be reaped counts
-    as exited). Used by umount and by the test and benchmark harnesses."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
-    except (OSError, IndexError):
-        return False
-
-
 def umount(mountpoint: str, timeout: float = 120.0) -> int:
     mnt = str(Path(mountpoint).absolute())
     mounts = mounted_cowfs()
@@ -295,10 +241,10 @@ def umount(mountpoint: str, timeout: float = 120.0) -> int:
             raise MountError(f"{mnt}: no such directory")
         raise MountError(f"{mnt}: no cowfs filesystem is mounted there")
     store = Path(mounts[mnt])
-    pid = _daemon_pid(store)
+    pid = daemon_pid(store)
     if pid is None or not process_alive(pid):
         # the daemon is gone (killed): only the kernel's mount is left
-        subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+        lazy_unmount(mnt)
         print(f"unmounted {mnt} (its daemon was not running)")
         return 0
     os.kill(pid, signal.SIGTERM)
@@ -308,7 +254,7 @@ def umount(mountpoint: str, timeout: float = 120.0) -> int:
             raise MountError(f"{mnt}: the daemon (pid {pid}) did not exit within {timeout:.0f}s")
         time.sleep(0.05)
     if mnt in mounted_cowfs():
-        subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+        lazy_unmount(mnt)
     print(f"unmounted {mnt}")
     return 0
 

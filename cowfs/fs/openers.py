@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 
+from ..mountinfo import mount_fields
+
 
 def mount_id(mountpoint: str) -> int | None:
     """The kernel's mount id of `mountpoint` (first field of /proc/self/mountinfo)."""
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == mountpoint:
-                found = int(fields[0])  # the last one wins: it is on top
-    return found
+    fields = mount_fields(mountpoint)  # the last one: it is on top
+    return int(fields[0]) if fields else None
 
 
 def holds_writable(pid: int, mnt_id: int, ino: int) -> bool:

@@ -53,23 +53,6 @@ class StoreConfig:
         ) + "\n"
 
 
-def parse_size(text: str) -> int:
-    """Parse '256M', '1G', '4194304', '64KiB' into bytes."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    mult = 1
-    if t and t[-1] in units:
-        mult = units[t[-1]]
-        t = t[:-1]
-    try:
-        value = int(t)
-    except ValueError:
-        raise StoreError(f"not a size: {text!r} (use e.g. 256M, 1G)") from None
-    if value <= 0:
-        raise StoreError(f"size must be positive: {text!r}")
-    return value * mult
-
-
 def segment_path(root: Path, seg_id: int) -> Path:
     return root / SEGMENTS_DIR / f"{seg_id:016d}.seg"
 

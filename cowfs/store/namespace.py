@@ -8,12 +8,33 @@ from __future__ import annotations
 import sqlite3
 import stat
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound
 from .catalog import Txn
 from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
 
-VERSION_COLS = "vid, ino, birth_gen, death_gen, size, mode, uid, gid, mtime_ns, ctime_ns, content_id, target, data_gen"
+
+
+class VersionRow(NamedTuple):
+    """One row of the versions table, in VERSION_COLS order (see docs/format.md)."""
+
+    vid: int
+    ino: int
+    birth_gen: int
+    death_gen: int
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    content_id: int | None
+    target: bytes | None
+    data_gen: int
+
+
+VERSION_COLS = ", ".join(VersionRow._fields)
 NAME_MAX = 255
 
 
@@ -58,10 +79,11 @@ def check_name(name: bytes) -> None:
         raise InvalidArgument(f"name too long ({len(name)} bytes)", errno=36)  # ENAMETOOLONG
 
 
-def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> tuple | None:
-    return conn.execute(
+def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> VersionRow | None:
+    row = conn.execute(
         f"SELECT {VERSION_COLS} FROM versions WHERE ino=? AND birth_gen<=? AND death_gen>?", (ino, gen, gen)
     ).fetchone()
+    return None if row is None else VersionRow(*row)
 
 
 def _subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
@@ -72,10 +94,10 @@ def _subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
     ).fetchone()[0]
 
 
-def attr_from_row(conn: sqlite3.Connection, row: tuple, gen: int) -> Attr:
-    vid, ino, birth, _death, size, mode, uid, gid, mtime, ctime, content_id, _target, data_gen = row
-    nlink = 2 + _subdirs(conn, ino, gen) if stat.S_ISDIR(mode) else 1
-    return Attr(ino, mode, size, uid, gid, mtime, ctime, nlink, vid, birth, data_gen, content_id)
+def attr_from_row(conn: sqlite3.Connection, row: VersionRow, gen: int) -> Attr:
+    nlink = 2 + _subdirs(conn, row.ino, gen) if stat.S_ISDIR(row.mode) else 1
+    return Attr(row.ino, row.mode, row.size, row.uid, row.gid, row.mtime_ns, row.ctime_ns, nlink, row.vid,
+                row.birth_gen, row.data_gen, row.content_id)
 
 
 def getattr_(conn: sqlite3.Connection, ino: int, gen: int) -> Attr:
@@ -115,9 +137,9 @@ def readlink(conn: sqlite3.Connection, ino: int, gen: int) -> bytes:
     row = version_row(conn, ino, gen)
     if row is None:
         raise NotFound(f"inode {ino} does not exist")
-    if not stat.S_ISLNK(row[5]):
+    if not stat.S_ISLNK(row.mode):
         raise InvalidArgument("not a symbolic link")
-    return bytes(row[11])
+    return bytes(row.target or b"")
 
 
 def resolve(conn: sqlite3.Connection, path: str | bytes, gen: int) -> Attr:
@@ -166,27 +188,22 @@ def inodes_ever_at(conn: sqlite3.Connection, path: str | bytes) -> list[int]:
 # -- changes to the live tree -----------------------------------------------------
 
 
-def live_version(txn: Txn, ino: int) -> tuple:
+def live_version(txn: Txn, ino: int) -> VersionRow:
     row = txn.execute(f"SELECT {VERSION_COLS} FROM versions WHERE ino=? AND death_gen=?", (ino, LIVE)).fetchone()
     if row is None:
         raise NotFound(f"inode {ino} does not exist")
-    return row
+    return VersionRow(*row)
 
 
-def new_version(txn: Txn, old: tuple, **changes: object) -> int:
+def new_version(txn: Txn, old: VersionRow, **changes: object) -> int:
     """Replace the live version row `old` by a copy with `changes`; returns the new vid."""
-    cols = VERSION_COLS.split(", ")
-    values = dict(zip(cols, old))
-    values.update(changes)
-    if old[2] == txn.gen:  # born in this transaction: change it in place
+    if old.birth_gen == txn.gen:  # born in this transaction: change it in place
         sets = ", ".join(f"{k}=?" for k in changes)
-        txn.execute(f"UPDATE versions SET {sets} WHERE vid=?", (*changes.values(), old[0]))
-        return int(old[0])
-    txn.execute("UPDATE versions SET death_gen=? WHERE vid=?", (txn.gen, old[0]))
-    values.update(vid=None, birth_gen=txn.gen, death_gen=LIVE)
-    cur = txn.execute(
-        f"INSERT INTO versions({VERSION_COLS}) VALUES ({','.join('?' * len(cols))})", [values[c] for c in cols]
-    )
+        txn.execute(f"UPDATE versions SET {sets} WHERE vid=?", (*changes.values(), old.vid))
+        return int(old.vid)
+    txn.execute("UPDATE versions SET death_gen=? WHERE vid=?", (txn.gen, old.vid))
+    new = old._replace(**changes)._replace(vid=None, birth_gen=txn.gen, death_gen=LIVE)
+    cur = txn.execute(f"INSERT INTO versions({VERSION_COLS}) VALUES ({','.join('?' * len(new))})", new)
     return int(cur.lastrowid)
 
 
@@ -204,9 +221,9 @@ def live_child(txn: Txn, parent: int, name: bytes) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _live_dir(txn: Txn, ino: int) -> tuple:
+def _live_dir(txn: Txn, ino: int) -> VersionRow:
     row = live_version(txn, ino)
-    if not stat.S_ISDIR(row[5]):
+    if not stat.S_ISDIR(row.mode):
         raise NotADirectory(f"inode {ino} is not a directory")
     return row
 
@@ -250,7 +267,7 @@ def unlink(txn: Txn, parent: int, name: bytes) -> int:
     ino = live_child(txn, parent, name)
     if ino is None:
         raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
-    if stat.S_ISDIR(live_version(txn, ino)[5]):
+    if stat.S_ISDIR(live_version(txn, ino).mode):
         raise IsADirectory(f"{name.decode(errors='replace')}: is a directory")
     _kill_entry(txn, parent, name, ino)
     touch(txn, parent)
@@ -262,7 +279,7 @@ def rmdir(txn: Txn, parent: int, name: bytes) -> int:
     ino = live_child(txn, parent, name)
     if ino is None:
         raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
-    if not stat.S_ISDIR(live_version(txn, ino)[5]):
+    if not stat.S_ISDIR(live_version(txn, ino).mode):
         raise NotADirectory(f"{name.decode(errors='replace')}: not a directory")
     if has_children(txn, ino):
         raise NotEmpty(f"{name.decode(errors='replace')}: directory not empty")
@@ -297,7 +314,7 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
     ino = live_child(txn, parent, name)
     if ino is None:
         raise NotFound(f"{name.decode(errors='replace')}: no such file or directory")
-    src_dir = stat.S_ISDIR(live_version(txn, ino)[5])
+    src_dir = stat.S_ISDIR(live_version(txn, ino).mode)
     if src_dir and _is_ancestor(txn, ino, new_parent):
         raise InvalidArgument("cannot move a directory into itself")
     old = live_child(txn, new_parent, new_name)
@@ -306,7 +323,7 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
     if old is not None:
         if noreplace:
             raise Exists(f"{new_name.decode(errors='replace')}: already exists")
-        dst_dir = stat.S_ISDIR(live_version(txn, old)[5])
+        dst_dir = stat.S_ISDIR(live_version(txn, old).mode)
         if src_dir and not dst_dir:
             raise NotADirectory(f"{new_name.decode(errors='replace')}: not a directory")
         if dst_dir and not src_dir:
@@ -314,9 +331,9 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
         if dst_dir and has_children(txn, old):
             raise NotEmpty(f"{new_name.decode(errors='replace')}: directory not empty")
         if ino in open_for_writing and not src_dir:
-            src_row, old_row = live_version(txn, ino), live_version(txn, old)
-            if src_row[4] == 0 and src_row[10] is None and stat.S_ISREG(old_row[5]):
-                new_version(txn, src_row, size=old_row[4], content_id=old_row[10], data_gen=old_row[12])
+            src, dst = live_version(txn, ino), live_version(txn, old)
+            if src.size == 0 and src.content_id is None and stat.S_ISREG(dst.mode):
+                new_version(txn, src, size=dst.size, content_id=dst.content_id, data_gen=dst.data_gen)
         _kill_entry(txn, new_parent, new_name, old)
     _end_dentry(txn, parent, name)
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))
@@ -330,7 +347,7 @@ def setattr_(txn: Txn, ino: int, mode: int | None, uid: int | None, gid: int | N
     old = live_version(txn, ino)
     changes: dict[str, object] = {"ctime_ns": txn.now_ns}
     if mode is not None:
-        changes["mode"] = (old[5] & ~0o7777) | (mode & 0o7777)
+        changes["mode"] = (old.mode & ~0o7777) | (mode & 0o7777)
     if uid is not None:
         changes["uid"] = uid
     if gid is not None:

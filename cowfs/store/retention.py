@@ -43,23 +43,6 @@ class Decision:
         return bool(self.reasons)
 
 
-def parse_duration(text: str) -> int:
-    """'90s', '30m', '12h', '7d', '2w' (or combinations like '1d12h') -> nanoseconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    total, num = 0.0, ""
-    for ch in text.strip().lower():
-        if ch.isdigit() or ch == ".":
-            num += ch
-        elif ch in units and num:
-            total += float(num) * units[ch]
-            num = ""
-        else:
-            raise InvalidArgument(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d, 2w)")
-    if num or total <= 0:
-        raise InvalidArgument(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d, 2w)")
-    return int(total * 1e9)
-
-
 def _bucketed(decisions: list[Decision], n: int, key: Callable[[datetime.datetime], object], rule: str) -> None:
     seen: set[object] = set()
     for d in decisions:  # newest first

@@ -423,8 +423,9 @@ class Store:
         size = session.size
 
         def fn(txn: Txn) -> tuple[Attr | None, list[Extent]]:
-            row = txn.execute(f"SELECT {ns.VERSION_COLS} FROM versions WHERE ino=? AND death_gen=?", (session.ino, LIVE)).fetchone()
-            if row is None:
+            try:
+                row = ns.live_version(txn, session.ino)
+            except NotFound:  # removed while written: nothing to commit to
                 return None, extents
             locs: dict[bytes, Location] = {}
             for e in extents:
@@ -577,7 +578,7 @@ class Store:
             elif ino in self._sessions:
                 raise Busy(f"{dest.decode(errors='replace')}: the file is open for writing")
             row = ns.live_version(txn, ino)
-            if not stat.S_ISREG(row[5]):
+            if not stat.S_ISREG(row.mode):
                 raise IsADirectory(f"{dest.decode(errors='replace')}: not a regular file")
             ns.new_version(txn, row, size=old.size, mtime_ns=txn.now_ns, ctime_ns=txn.now_ns,
                            content_id=old.content_id, data_gen=txn.gen)

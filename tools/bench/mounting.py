@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cowfs.control import DaemonTarget
-from cowfs.fs.mount import mounted_cowfs, process_alive
+from cowfs.mountinfo import mounted_cowfs, process_alive
 from cowfs.store.layout import DEFAULT_DEVICE
 
 NO_WRITEBACK_LAUNCHER = (
