@@ -145,6 +145,6 @@ def test_no_events_built_without_subscribers(store: Store, monkeypatch: pytest.M
     def fail(*_a: object) -> list[Event]:
         raise AssertionError("events built with no subscriber")
 
-    monkeypatch.setattr(store_module, "_version_events", fail)
+    monkeypatch.setattr(store_module, "version_events", fail)
     store.write_file("/f", b"data")
     assert store.read_file("/f") == b"data"

@@ -30,7 +30,8 @@ from ..store.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
 from .openers import mount_id
-from .operations import CowfsOperations, in_thread
+from .dispatch import in_thread
+from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"

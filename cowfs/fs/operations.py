@@ -9,13 +9,10 @@ inline. See docs/design.md, "The FUSE layer".
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import stat
 import time
-from concurrent.futures import Future
-from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
 import trio
@@ -23,62 +20,17 @@ import trio
 from ..errors import CorruptData, CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
 from ..store.reader import FileReader
-from ..store.store import validate_snapshot_name
+from ..store.snapshots import validate_snapshot_name
+from .dispatch import in_thread, translate_errors, wait_future
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
 
 log = logging.getLogger("cowfs.fs")
-T = TypeVar("T")
 
 LIVE_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 300.0
 CORRUPT_LOG_INTERVAL = 10.0  # seconds between log lines about the same damaged file version
-
-
-def translate_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Engine errors become their errno; anything unexpected is logged and becomes EIO
-    (any other exception would make pyfuse3 end the whole filesystem)."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except CowfsError as e:
-            if e.errno == errno.EIO:
-                log.error("%s: %s", fn.__name__, e)
-            raise pyfuse3.FUSEError(e.errno) from None
-        except OSError as e:
-            log.error("%s: %s", fn.__name__, e)
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("unexpected error in %s", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-
-    return wrapper
-
-
-async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    return await trio.to_thread.run_sync(functools.partial(fn, *args))
-
-
-async def wait_future(future: Future[Any]) -> None:
-    """Wait in trio, without a thread, until a concurrent.futures Future is done."""
-    if future.done():
-        return
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-
-    def wake(_f: object) -> None:
-        try:
-            token.run_sync_soon(done.set)
-        except trio.RunFinishedError:
-            pass
-
-    future.add_done_callback(wake)
-    await done.wait()
 
 
 class CowfsOperations(pyfuse3.Operations):

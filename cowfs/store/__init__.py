@@ -4,6 +4,8 @@ Knows nothing of FUSE. `Store` is the only entry point.
 """
 from .namespace import Attr
 from .schema import ROOT_INO
-from .store import Snapshot, Store, VersionInfo
+from .history import VersionInfo
+from .snapshots import Snapshot
+from .store import Store
 
 __all__ = ["Attr", "ROOT_INO", "Snapshot", "Store", "VersionInfo"]

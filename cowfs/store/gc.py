@@ -46,8 +46,7 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
     before = store.physical_bytes()
     with store.index.gc_lock:
         pinned, inflight = store.index.protected()
-        with store._mutex:
-            open_contents = set(store._readers)
+        open_contents = store.held_contents()
 
         def fn(txn: Txn) -> tuple[int, int]:
             txn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_keep_content(content_id INTEGER PRIMARY KEY)")

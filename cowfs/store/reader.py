@@ -131,7 +131,7 @@ class FileReader:
                             w.users += 1
                     if usable:
                         return self._serve_in_use(windows, offset, end)
-                except CorruptData as e:
+                except CorruptData:
                     if not any(f.exception() is not None for f in futures):
                         raise  # a damaged chunk within [offset, end)
             # a read far from the last, a window that failed to load (a damaged record

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import InvalidArgument
-from .store import Snapshot
+from .snapshots import Snapshot
 
 
 @dataclass(frozen=True)

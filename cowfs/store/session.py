@@ -370,3 +370,19 @@ class WriteSession:
         self.abort()
         self.closed = True
         self._on_close(self)
+
+
+class SessionHandle:
+    """A WriteSession usable as a context manager (closing aborts what was not committed)."""
+
+    def __init__(self, session: WriteSession) -> None:
+        self.session = session
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.session, name)
+
+    def __enter__(self) -> WriteSession:
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()

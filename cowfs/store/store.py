@@ -1,8 +1,10 @@
 """The Store: the one door to the engine for the FUSE layer and the CLI.
 
-Opening a store takes its lock, runs recovery (segments cut back to what was
-committed, stray files removed) and starts the catalog writer thread and the
-chunking workers. Every public method is safe to call from any thread.
+Opening a store takes its lock, runs recovery (recovery.py) and starts the
+catalog writer thread and the chunking workers. The Store holds the locks and
+the order of steps; what each step does to the catalog lives beside it
+(namespace, commit, history, snapshots, stats, gc, fsck). Every public method
+is safe to call from any thread.
 """
 from __future__ import annotations
 
@@ -14,65 +16,47 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ..errors import Busy, InvalidArgument, IsADirectory, NotFound, StoreError
-from . import namespace as ns
-from .catalog import Catalog, Txn, create_catalog
+from ..errors import Busy, InvalidArgument, IsADirectory, NotADirectory, NotFound
 from . import events as ev
-from .content import Extent, VersionId, load_extents
+from . import history as hist
+from . import namespace as ns
+from . import snapshots as snaps
 from .buffers import window_pool
-from .reader import WINDOW_BUFFER, FileReader
+from .catalog import Catalog, Txn, create_catalog
+from .commit import commit_version, path_in, version_events
+from .content import Extent, VersionId, load_extents
 from .diff import DiffReport, compare
 from .events import Event, EventBus
+from .fsck import FsckReport, check
+from .gc import GcReport, collect
+from .history import VersionInfo
 from .index import ChunkIndex
 from .layout import (
-    DEFAULT_DEVICE,
     CATALOG_FILE,
+    DEFAULT_DEVICE,
     DEFAULT_SEGMENT_SIZE,
     LOCK_FILE,
-    SEGMENTS_DIR,
     StoreConfig,
     check_new_store_dir,
     fsync_dir,
     new_config,
     read_config,
-    segment_path,
     write_config,
 )
 from .log import Location, Log, check_chunk
 from .namespace import Attr
-from .records import DATA_START
-from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
-from .session import WriteSession
+from .reader import WINDOW_BUFFER, FileReader
+from .recovery import SPILL_DIR, recover
+from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from .session import SessionHandle, WriteSession
+from .snapshots import Snapshot
+from .stats import catalog_stats, physical_bytes, report
 
 T = TypeVar("T")
-SPILL_DIR = "tmp"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    name: str
-    gen: int
-    created_ns: int
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    vid: int
-    birth_gen: int
-    death_gen: int | None  # None while current
-    time_ns: int
-    size: int
-    mode: int
-    added_bytes: int  # bytes of chunks this version's commit stored for the first time
-
-
-def validate_snapshot_name(name: str) -> None:
-    if not name or "/" in name or "\0" in name or name[0] in "@." or len(name.encode()) > 255:
-        raise InvalidArgument(f"invalid snapshot name {name!r} (no '/', must not start with '@' or '.')")
 
 
 class Store:
@@ -82,7 +66,7 @@ class Store:
         self._lock_fd = lock_fd
         self.catalog = Catalog(root / CATALOG_FILE)
         try:
-            self.recovered_bytes = self._recover()
+            self.recovered_bytes = recover(root, self.catalog, config.device)
         except BaseException:
             self.catalog.close()
             raise
@@ -174,36 +158,6 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recover(self) -> int:
-        """Cut every segment back to its committed end; drop files no commit refers to."""
-        released = 0
-        seg_dir = self.root / SEGMENTS_DIR
-        rows = dict(self.catalog.read(lambda c: c.execute("SELECT seg_id, committed_end FROM segments").fetchall()))
-        drop: list[int] = []
-        for seg_id, end in rows.items():
-            path = segment_path(self.root, seg_id)
-            if end <= DATA_START:
-                if path.exists():
-                    released += path.stat().st_blocks * 512
-                    path.unlink()
-                drop.append(seg_id)
-            elif path.exists():
-                released += Log.recover_segment(path, end, self.config.device)
-        for path in seg_dir.glob("*.seg"):
-            try:
-                seg_id = int(path.stem)
-            except ValueError:
-                continue
-            if seg_id not in rows:
-                released += path.stat().st_blocks * 512
-                path.unlink()
-        if drop:
-            self.catalog.write(
-                lambda t: t.conn.executemany("DELETE FROM segments WHERE seg_id=?", [(s,) for s in drop]), op="recover"
-            )
-        shutil.rmtree(self.root / SPILL_DIR, ignore_errors=True)
-        return released
-
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
             seg_id = int(txn.execute("SELECT value FROM meta WHERE key='next_segment'").fetchone()[0])
@@ -286,18 +240,18 @@ class Store:
 
     def unlink(self, parent: int, name: bytes) -> int:
         return self._change("unlink", lambda t: ns.unlink(t, parent, name),
-                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, _path_in(t, parent, name))])
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, path_in(t, parent, name))])
 
     def rmdir(self, parent: int, name: bytes) -> int:
         return self._change("rmdir", lambda t: ns.rmdir(t, parent, name),
-                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, _path_in(t, parent, name))])
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, path_in(t, parent, name))])
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
         writing = frozenset(self._sessions)
 
         def describe(txn: Txn, _replaced: int | None) -> list[Event]:
             moved = ns.lookup(txn.conn, new_parent, new_name, txn.gen)
-            return [Event(ev.RENAME, txn.gen, txn.now_ns, _path_in(txn, new_parent, new_name), _path_in(txn, parent, name),
+            return [Event(ev.RENAME, txn.gen, txn.now_ns, path_in(txn, new_parent, new_name), path_in(txn, parent, name),
                           size=moved.size if moved.is_file else None)]
 
         return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace, writing), describe)
@@ -360,6 +314,11 @@ class Store:
                           VersionId(attr.ino, attr.vid, attr.birth_gen), prefetch=self.readahead.submit,
                           advise=self.log.will_need, buffers=self.window_buffers)
 
+    def held_contents(self) -> set[int]:
+        """Bodies open readers and write sessions use: gc keeps them (call it under gc_lock)."""
+        with self._mutex:
+            return set(self._readers)
+
     def _hold_content(self, cid: int | None) -> Callable[[], None]:
         """Keep a body alive against gc while a reader or session uses it."""
         if cid is not None:
@@ -418,53 +377,14 @@ class Store:
             release()
 
     def _commit_version(self, session: WriteSession, extents: list[Extent]) -> tuple[Attr | None, list[Extent]]:
-        """Durability point: data records first (sync), then one catalog transaction."""
+        """Durability point: data records first (sync), then one catalog transaction (commit.py)."""
         self.log.sync()
-        size = session.size
+        ino, size, mtime_ns = session.ino, session.size, session.mtime_ns
 
         def fn(txn: Txn) -> tuple[Attr | None, list[Extent]]:
-            try:
-                row = ns.live_version(txn, session.ino)
-            except NotFound:  # removed while written: nothing to commit to
-                return None, extents
-            locs: dict[bytes, Location] = {}
-            for e in extents:
-                if e.chunk is not None and e.loc is not None:
-                    locs.setdefault(e.chunk, e.loc)
-            txn.conn.executemany(
-                "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, first_gen) VALUES (?,?,?,?,?,?)",
-                [(h, l.seg_id, l.offset, l.stored_len, l.stored_len, txn.gen) for h, l in locs.items()],
-            )
-            cids: dict[bytes, tuple[int, Location]] = {}
-            hashes = list(locs)
-            for i in range(0, len(hashes), 500):
-                part = hashes[i:i + 500]
-                q = "SELECT hash, cid, seg_id, offset, stored_len FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
-                for h, cid, seg, off, n in txn.execute(q, part):
-                    cids[bytes(h)] = (cid, Location(seg, off, n))
-            content_id = int(txn.execute("INSERT INTO contents(size) VALUES (?)", (size,)).lastrowid)
-            stored: list[Extent] = []
-            rows = []
-            for e in extents:
-                if e.chunk is None:
-                    rows.append((content_id, e.offset, e.length, None))
-                    stored.append(e)
-                else:
-                    cid, loc = cids[e.chunk]
-                    rows.append((content_id, e.offset, e.length, cid))
-                    stored.append(Extent(e.offset, e.length, e.chunk, loc))
-            txn.conn.executemany("INSERT INTO extents VALUES (?,?,?,?)", rows)
-            ends: dict[int, int] = {}
-            for _cid, loc in cids.values():
-                ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
-            txn.conn.executemany(
-                "UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", [(v, k) for k, v in ends.items()]
-            )
-            mtime = session.mtime_ns if session.mtime_ns is not None else txn.now_ns
-            ns.new_version(txn, row, size=size, mtime_ns=mtime, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
-            return ns.getattr_(txn.conn, session.ino, txn.gen), stored
+            return commit_version(txn, ino, size, mtime_ns, extents)
 
-        attr, stored = self._change("commit", fn, lambda t, r: _version_events(t, r[0]))
+        attr, stored = self._change("commit", fn, lambda t, r: version_events(t, r[0]))
         if attr is not None:  # the session goes on from the new body: hold it instead of the old one
             new_hold = self._hold_content(attr.content_id)
             with self._mutex:
@@ -498,62 +418,22 @@ class Store:
     # -- snapshots and history --------------------------------------------------------------
 
     def snapshot_create(self, name: str) -> Snapshot:
-        validate_snapshot_name(name)
-
-        def fn(txn: Txn) -> Snapshot:
-            if txn.execute("SELECT 1 FROM snapshots WHERE name=?", (name,)).fetchone():
-                raise ns.Exists(f"snapshot {name!r} already exists")
-            txn.execute("INSERT INTO snapshots VALUES (?,?,?)", (name, txn.gen, txn.now_ns))
-            return Snapshot(name, txn.gen, txn.now_ns)
-
-        return self._change("snapshot", fn, lambda t, s: [Event(ev.SNAPSHOT, s.gen, s.created_ns, snapshot=s.name)])
+        return self._change("snapshot", lambda t: snaps.create(t, name),
+                            lambda t, s: [Event(ev.SNAPSHOT, s.gen, s.created_ns, snapshot=s.name)])
 
     def snapshot_list(self) -> list[Snapshot]:
-        rows = self.catalog.read(lambda c: c.execute("SELECT name, gen, created_ns FROM snapshots ORDER BY gen, name").fetchall())
-        return [Snapshot(*r) for r in rows]
+        return self.catalog.read(snaps.listing)
 
     def snapshot(self, name: str) -> Snapshot:
-        row = self.catalog.read(lambda c: c.execute("SELECT name, gen, created_ns FROM snapshots WHERE name=?", (name,)).fetchone())
-        if row is None:
-            raise NotFound(f"no snapshot named {name!r}")
-        return Snapshot(*row)
+        return self.catalog.read(lambda c: snaps.get(c, name))
 
     def snapshot_delete(self, name: str) -> None:
-        def fn(txn: Txn) -> None:
-            if txn.execute("DELETE FROM snapshots WHERE name=?", (name,)).rowcount == 0:
-                raise NotFound(f"no snapshot named {name!r}")
-            txn.gen  # a change to the catalog: bump the generation
-
-        self._change("snapshot-delete", fn, lambda t, _: [Event(ev.SNAPSHOT_DELETE, t.gen, t.now_ns, snapshot=name)])
+        self._change("snapshot-delete", lambda t: snaps.delete(t, name),
+                     lambda t, _: [Event(ev.SNAPSHOT_DELETE, t.gen, t.now_ns, snapshot=name)])
 
     def history(self, target: int | str | bytes) -> list[VersionInfo]:
-        """Content versions, newest first, of an inode or of a path (across every inode
-        that was ever named so: write-to-temp-then-rename keeps one history)."""
-
-        def fn(conn):  # type: ignore[no-untyped-def]
-            inos = [target] if isinstance(target, int) else ns.inodes_ever_at(conn, target)
-            rows = conn.execute(
-                "SELECT v.vid, v.birth_gen, v.death_gen, g.time_ns, v.size, v.mode, v.content_id, v.data_gen"
-                " FROM versions v LEFT JOIN generations g ON g.gen = v.birth_gen"
-                " WHERE v.ino IN (%s) AND (v.data_gen = v.birth_gen OR v.death_gen = ?)"
-                # the empty body a create makes before the first write is not a version anyone saved
-                " AND NOT (v.size = 0 AND g.op = 'create' AND v.death_gen != ?)"
-                " ORDER BY v.birth_gen DESC" % ",".join("?" * len(inos)),
-                (*inos, LIVE, LIVE),
-            ).fetchall()
-            out = []
-            for vid, birth, death, t, size, mode, content_id, data_gen in rows:
-                added = 0
-                if content_id is not None and data_gen == birth:
-                    added = conn.execute(
-                        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN"
-                        " (SELECT cid FROM extents WHERE content_id=?)",
-                        (data_gen, content_id),
-                    ).fetchone()[0]
-                out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, added))
-            return out
-
-        return self.catalog.read(fn)
+        """Content versions, newest first, of an inode or of a path (history.py)."""
+        return self.catalog.read(lambda c: hist.history(c, target))
 
     def diff(self, gen_a: int, gen_b: int | None = None) -> DiffReport:
         """Paths added, removed and changed from generation `gen_a` to `gen_b` (default: the live tree)."""
@@ -569,7 +449,7 @@ class Store:
         head, _, name = dest.strip(b"/").rpartition(b"/")
         parent = self.resolve(head)
         if not parent.is_dir:
-            raise ns.NotADirectory(f"{head.decode(errors='replace')}: not a directory")
+            raise NotADirectory(f"{head.decode(errors='replace')}: not a directory")
 
         def fn(txn: Txn) -> Attr:
             ino = ns.live_child(txn, parent.ino, name)
@@ -584,119 +464,30 @@ class Store:
                            content_id=old.content_id, data_gen=txn.gen)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
-        return self._change("restore", fn, _version_events)
+        return self._change("restore", fn, version_events)
 
     def expire_history(self, keep_within_ns: int = 0) -> int:
         """Drop versions and entries that the live tree replaced or removed, that no snapshot
         shows, and that ended more than `keep_within_ns` ago. gc then reclaims their chunks."""
         cutoff = time.time_ns() - keep_within_ns
-
-        def fn(txn: Txn) -> int:
-            txn.gen  # expiry is a committed change: bump the generation
-            hidden = (
-                "death_gen != {live} AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.gen >= {t}.birth_gen AND s.gen < {t}.death_gen)"
-                " AND (SELECT time_ns FROM generations g WHERE g.gen = {t}.death_gen) <= ?"
-            )
-            n = txn.execute(f"DELETE FROM versions WHERE {hidden.format(live=LIVE, t='versions')}", (cutoff,)).rowcount
-            n += txn.execute(f"DELETE FROM dentries WHERE {hidden.format(live=LIVE, t='dentries')}", (cutoff,)).rowcount
-            txn.execute(
-                "DELETE FROM inodes WHERE ino != ? AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.ino = inodes.ino)"
-                " AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = inodes.ino)",
-                (ROOT_INO,),
-            )
-            return n
-
-        return self._change("expire", fn)
+        return self._change("expire", lambda t: hist.expire(t, cutoff))
 
     # -- maintenance ------------------------------------------------------------------------
 
     def physical_bytes(self) -> int:
-        total = 0
-        for path in (self.root / SEGMENTS_DIR).glob("*.seg"):
-            try:
-                total += path.stat().st_blocks * 512
-            except FileNotFoundError:
-                pass
-        return total
+        return physical_bytes(self.root)
 
     def stats(self) -> dict[str, float | int]:
-        def fn(conn):  # type: ignore[no-untyped-def]
-            # a metadata-only version (chmod, utimens) shares its body: count each body once per file
-            logical, versions = conn.execute(
-                "SELECT coalesce(sum(size), 0), count(*) FROM"
-                " (SELECT DISTINCT ino, content_id, size FROM versions WHERE content_id IS NOT NULL)"
-            ).fetchone()
-            stored, chunks = conn.execute("SELECT coalesce(sum(raw_len), 0), count(*) FROM chunks").fetchone()
-            files = conn.execute(
-                "SELECT count(*) FROM versions WHERE death_gen=? AND mode & 0xF000 = 0x8000", (LIVE,)
-            ).fetchone()[0]
-            snaps = conn.execute("SELECT count(*) FROM snapshots").fetchone()[0]
-            return logical, versions, stored, chunks, files, snaps, ns.current_gen(conn)
+        return report(self.catalog.read(catalog_stats), self.physical_bytes())
 
-        logical, versions, stored, chunks, files, snaps, gen = self.catalog.read(fn)
-        return {
-            "logical_bytes": logical,
-            "stored_bytes": stored,
-            "physical_bytes": self.physical_bytes(),
-            "files": files,
-            "versions": versions,
-            "chunks": chunks,
-            "snapshots": snaps,
-            "generations": gen,
-            "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
-        }
-
-    def gc(self, progress: Callable[[int, int], None] | None = None) -> "GcReport":
-        from .gc import collect
-
+    def gc(self, progress: Callable[[int, int], None] | None = None) -> GcReport:
         with self._maintenance:
             return collect(self, progress)
 
-    def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> "FsckReport":
-        from .fsck import check
-
+    def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
         with self._maintenance:  # never beside gc: gc would punch records fsck is reading
             return check(self, repair=repair, progress=progress)
 
 
-def _path_in(txn: Txn, parent: int, name: bytes) -> str:
-    head = ns.paths_of(txn.conn, parent, txn.gen)
-    return f"{head[0].rstrip('/') if head else ''}/{name.decode(errors='replace')}"
-
-
-def _version_events(txn: Txn, attr: Attr | None) -> list[Event]:
-    """A `version` event for each path of a file whose new body this transaction committed."""
-    if attr is None:
-        return []
-    added = txn.execute(
-        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN (SELECT cid FROM extents WHERE content_id=?)",
-        (txn.gen, attr.content_id),
-    ).fetchone()[0]
-    return [Event(ev.VERSION, txn.gen, txn.now_ns, path, size=attr.size, added_bytes=added)
-            for path in ns.paths_of(txn.conn, attr.ino, txn.gen)]
-
-
 def _with_size(attr: Attr, size: int) -> Attr:
-    from dataclasses import replace
-
     return replace(attr, size=size)
-
-
-class SessionHandle:
-    """A WriteSession usable as a context manager (closing aborts what was not committed)."""
-
-    def __init__(self, session: WriteSession) -> None:
-        self.session = session
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.session, name)
-
-    def __enter__(self) -> WriteSession:
-        return self.session
-
-    def __exit__(self, *exc: object) -> None:
-        self.session.close()
-
-
-from .fsck import FsckReport  # noqa: E402
-from .gc import GcReport  # noqa: E402

@@ -1,0 +1,67 @@
+"""A file's history (its content versions) and the expiry of history no snapshot holds."""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from . import namespace as ns
+from .catalog import Txn
+from .schema import LIVE, ROOT_INO
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    vid: int
+    birth_gen: int
+    death_gen: int | None  # None while current
+    time_ns: int
+    size: int
+    mode: int
+    added_bytes: int  # bytes of chunks this version's commit stored for the first time
+
+
+def added_bytes(conn: sqlite3.Connection, gen: int, content_id: int) -> int:
+    """Bytes of the chunks of body `content_id` that the commit at `gen` stored first."""
+    return int(conn.execute(
+        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN"
+        " (SELECT cid FROM extents WHERE content_id=?)",
+        (gen, content_id),
+    ).fetchone()[0])
+
+
+def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[VersionInfo]:
+    """Content versions, newest first, of an inode or of a path (across every inode
+    that was ever named so: write-to-temp-then-rename keeps one history)."""
+    inos = [target] if isinstance(target, int) else ns.inodes_ever_at(conn, target)
+    rows = conn.execute(
+        "SELECT v.vid, v.birth_gen, v.death_gen, g.time_ns, v.size, v.mode, v.content_id, v.data_gen"
+        " FROM versions v LEFT JOIN generations g ON g.gen = v.birth_gen"
+        " WHERE v.ino IN (%s) AND (v.data_gen = v.birth_gen OR v.death_gen = ?)"
+        # the empty body a create makes before the first write is not a version anyone saved
+        " AND NOT (v.size = 0 AND g.op = 'create' AND v.death_gen != ?)"
+        " ORDER BY v.birth_gen DESC" % ",".join("?" * len(inos)),
+        (*inos, LIVE, LIVE),
+    ).fetchall()
+    out = []
+    for vid, birth, death, t, size, mode, content_id, data_gen in rows:
+        added = added_bytes(conn, data_gen, content_id) if content_id is not None and data_gen == birth else 0
+        out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, added))
+    return out
+
+
+def expire(txn: Txn, cutoff_ns: int) -> int:
+    """Drop versions and entries that the live tree replaced or removed, that no snapshot
+    shows, and that ended at or before `cutoff_ns`; then inodes nothing refers to."""
+    txn.gen  # expiry is a committed change: bump the generation
+    hidden = (
+        "death_gen != {live} AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.gen >= {t}.birth_gen AND s.gen < {t}.death_gen)"
+        " AND (SELECT time_ns FROM generations g WHERE g.gen = {t}.death_gen) <= ?"
+    )
+    n = txn.execute(f"DELETE FROM versions WHERE {hidden.format(live=LIVE, t='versions')}", (cutoff_ns,)).rowcount
+    n += txn.execute(f"DELETE FROM dentries WHERE {hidden.format(live=LIVE, t='dentries')}", (cutoff_ns,)).rowcount
+    txn.execute(
+        "DELETE FROM inodes WHERE ino != ? AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.ino = inodes.ino)"
+        " AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = inodes.ino)",
+        (ROOT_INO,),
+    )
+    return n
