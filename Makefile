@@ -64,7 +64,7 @@ crashtest: setup
 # 8 processes saving and reading checkpoints through one mount while snapshots and gc run
 SECONDS_LOAD ?= 300
 loadtest: setup
-	$(VPY) tools/loadtest.py --procs 8 --seconds $(SECONDS_LOAD)
+	$(VPY) -m tools.loadtest --procs 8 --seconds $(SECONDS_LOAD)
 
 clean:
 	rm -rf $(VENV) build *.egg-info cowfs/_native*.so .pytest_cache .hypothesis

@@ -1,7 +1,8 @@
-"""Load test (issue 5): tools/loadtest.py runs 8 writer processes saving and re-reading
-torch/safetensors checkpoints through one mount, reading each other's files and snapshots,
-while snapshots are taken, deleted and pruned and gc runs; every byte read is checked,
-then fsck and every snapshot are verified unmounted. The harness runs as a subprocess.
+"""Load test (issue 5): the harness tools/loadtest/ runs 8 writer processes saving and
+re-reading torch/safetensors checkpoints through one mount, reading each other's files and
+snapshots, while snapshots are taken, deleted and pruned and gc runs; every byte read is
+checked, then fsck and every snapshot are verified unmounted. The harness runs as a
+subprocess (`python -m tools.loadtest` from the repository root).
 
 Also here: two bugs the harness found, as direct tests. A read-only file whose name a rename
 (or unlink) took away while it was open failed its close() with EIO (the kernel writes back
@@ -28,16 +29,17 @@ from mountutil import mounted, store  # noqa: F401 (store is a fixture)
 
 pytestmark = pytest.mark.mount
 
-HARNESS = Path(__file__).resolve().parent.parent / "tools" / "loadtest.py"
+REPO = Path(__file__).resolve().parent.parent  # `python -m tools.loadtest` runs from here
 SUMMARY = re.compile(r"^load: (?P<procs>\d+) procs, (?P<checkpoints>\d+) checkpoints written, (?P<verified>\S+ \S+) verified, "
                      r"(?P<snapshots>\d+) snapshots, (?P<gc>\d+) gc runs, (?P<errors>\d+) errors, (?P<fsck>fsck .*)$", re.M)
 
 
 def run_loadtest(workdir: Path, procs: int, seconds: int, timeout: float) -> re.Match:
     seed = int(os.environ.get("COWFS_LOAD_SEED", random.randrange(1 << 31)))
-    cmd = [sys.executable, str(HARNESS), "--procs", str(procs), "--seconds", str(seconds), "--seed", str(seed),
+    cmd = [sys.executable, "-m", "tools.loadtest", "--procs", str(procs), "--seconds", str(seconds), "--seed", str(seed),
            "--workdir", str(workdir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            cwd=REPO)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cowfs.control import DaemonTarget
-from cowfs.mountinfo import mounted_cowfs, process_alive
+from cowfs.mountinfo import daemon_pid, lazy_unmount, mounted_cowfs, process_alive
 from cowfs.store.layout import DEFAULT_DEVICE
+from tools.harnessutil import CliError, run_cowfs
 
 NO_WRITEBACK_LAUNCHER = (
     "import sys\n"
@@ -30,21 +31,9 @@ NO_WRITEBACK_LAUNCHER = (
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cowfs_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        raise RuntimeError(f"cowfs {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
-    return r
-
-
 def init_store(path: Path, segment_size: str = "256M", device: str = DEFAULT_DEVICE) -> Path:
-    cowfs_cli("init", str(path), "--segment-size", segment_size, "--device", device)
+    run_cowfs("init", str(path), "--segment-size", segment_size, "--device", device, timeout=600)
     return path
-
-
-def daemon_pid(store: Path) -> int:
-    return int((store / "lock").read_text().strip())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -112,13 +101,17 @@ def mounted(store: Path, mnt: Path, writeback: bool = True) -> Iterator[Mount]:
     """Mount for the body of the with-block; unmount and reap the daemon however it ends."""
     mnt.mkdir(parents=True, exist_ok=True)
     if writeback:
-        cowfs_cli("mount", str(store), str(mnt))
+        run_cowfs("mount", str(store), str(mnt), timeout=600)
     else:
         r = subprocess.run([sys.executable, "-c", NO_WRITEBACK_LAUNCHER, "mount", str(store), str(mnt)],
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if r.returncode != 0:
             raise RuntimeError(f"mount without writeback cache failed: {r.stderr.strip()}")
-    m = Mount(store, mnt, daemon_pid(store))
+    pid = daemon_pid(store)
+    if pid is None:  # mounted, but no daemon named in the lock file: detach and give up
+        lazy_unmount(mnt)
+        raise RuntimeError(f"{store} was mounted on {mnt}, but its lock file names no daemon")
+    m = Mount(store, mnt, pid)
     try:
         yield m
     finally:
@@ -128,14 +121,14 @@ def mounted(store: Path, mnt: Path, writeback: bool = True) -> Iterator[Mount]:
 
 def unmount(mnt: Path, pid: int) -> None:
     if str(mnt) in mounted_cowfs():
-        r = subprocess.run([sys.executable, "-m", "cowfs.cli", "umount", str(mnt)], capture_output=True,
-                           text=True, timeout=300, stdin=subprocess.DEVNULL)
-        if r.returncode != 0:
-            print(f"bench: cowfs umount {mnt} failed: {r.stderr.strip()}; lazy unmount", file=sys.stderr)
-            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        try:
+            run_cowfs("umount", str(mnt), timeout=300)
+        except CliError as e:
+            print(f"bench: {e}; lazy unmount", file=sys.stderr)
+            lazy_unmount(mnt)
     deadline = time.monotonic() + 60
     while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if process_alive(pid):  # our own daemon (pid from the store we mounted), stuck
         os.kill(pid, signal.SIGKILL)
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        lazy_unmount(mnt)

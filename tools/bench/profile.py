@@ -23,9 +23,9 @@ from typing import Iterator
 
 from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
 
+from .docs import REPO
 from .extras import synthetic_state_dict
 from .mounting import CLK_TCK, drop_caches, init_store, mounted
-from .run import REPO
 from .savers import cowfs_torch
 from .series import read_file
 

@@ -9,6 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from .docs import update_docs
+
 MB = 1e6
 MiB = 2**20
 GiB = 2**30
@@ -230,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     finished run again, redraw its plot, and optionally put both into docs/benchmarks.md."""
     import json
     import sys
-
-    from .run import update_docs
 
     args = sys.argv[1:] if argv is None else argv
     docs = "--update-docs" in args

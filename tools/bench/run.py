@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -25,13 +24,10 @@ from typing import Any
 import torch
 
 from . import extras, report
+from .docs import DOCS, REPO, update_docs
 from .models import GPT2_SMALL, QUICK, GPT, param_count
 from .series import run_series
 from .workloads import WORKLOADS, Scale
-
-REPO = Path(__file__).resolve().parents[2]
-DOCS = REPO / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,18 +59,6 @@ def filesystem_of(path: Path) -> str:
 def git_commit() -> str:
     r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return r.stdout.strip() or "?"
-
-
-def update_docs(md: str, png: Path | None, command: str, when: float) -> None:
-    """Replace the results section of docs/benchmarks.md (between the markers); copy the plot."""
-    text = DOCS.read_text()
-    body = f"{BEGIN}\nCommand: `{command}` (run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(when))}).\n\n{md}"
-    if png is not None:
-        shutil.copyfile(png, DOCS.parent / "bench.png")
-        body += "\n![stored bytes and save time per checkpoint](bench.png)\n"
-    body += f"{END}"
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _m: body, text, flags=re.S)
-    DOCS.write_text(text)
 
 
 _signalled = False
