@@ -56,10 +56,10 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	COWFS_BENCH_COMMAND='make bench$(if $(ARGS), ARGS="$(ARGS)")' $(VPY) -m tools.bench $(ARGS)
 
-# kill -9 cycles through a real mount (tools/crashtest.py); CI runs 20 of them in make test
+# kill -9 cycles through a real mount (tools/crashtest/); CI runs 20 of them in make test
 N ?= 100
 crashtest: setup
-	$(VPY) tools/crashtest.py --cycles $(N)
+	$(VPY) -m tools.crashtest --cycles $(N)
 
 # 8 processes saving and reading checkpoints through one mount while snapshots and gc run
 SECONDS_LOAD ?= 300

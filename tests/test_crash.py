@@ -1,11 +1,11 @@
-"""Crash test (issue 5): tools/crashtest.py kills the mount daemon with SIGKILL at random
-moments while a writer saves real torch/safetensors/HF-style checkpoints into the mount,
-then checks fsck, every closed version, the live tree and every snapshot after remounting.
-The harness runs as a subprocess, so a crash or hang of the harness cannot take pytest down."""
+"""Crash test (issue 5): `python -m tools.crashtest` (tools/crashtest/) kills the mount daemon
+with SIGKILL at random moments while a writer saves real torch/safetensors/HF-style checkpoints
+into the mount, then checks fsck, every closed version, the live tree and every snapshot after
+remounting. The harness runs as a subprocess, so a crash or hang of the harness cannot take
+pytest down."""
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import random
 import re
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from cowfs.mountinfo import mounted_cowfs
+from tools.crashtest.oracle import AllowedStates, ends_at
 
-HARNESS = Path(__file__).resolve().parent.parent / "tools" / "crashtest.py"
+REPO = Path(__file__).resolve().parent.parent  # `python -m tools.crashtest` runs from here
 
 
 def store_locked(store: Path) -> bool:
@@ -37,8 +38,10 @@ def store_locked(store: Path) -> bool:
 
 def run_crashtest(workdir: Path, cycles: int, timeout: float) -> str:
     seed = int(os.environ.get("COWFS_CRASH_SEED", random.randrange(1 << 31)))
-    cmd = [sys.executable, str(HARNESS), "--cycles", str(cycles), "--seed", str(seed), "--workdir", str(workdir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    cmd = [sys.executable, "-m", "tools.crashtest", "--cycles", str(cycles), "--seed", str(seed),
+           "--workdir", str(workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            cwd=REPO)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -61,17 +64,9 @@ def run_crashtest(workdir: Path, cycles: int, timeout: float) -> str:
     return out
 
 
-def test_harness_model_is_strict(monkeypatch):
+def test_harness_model_is_strict():
     """The harness's own rules, without a mount: a snapshot must match the writer's log at a
     moment of its mkdir (not any version ever written), and a rename is all or nothing."""
-    monkeypatch.syspath_prepend(str(HARNESS.parent))  # as when run as a script: tools/ on the path
-    spec = importlib.util.spec_from_file_location("crashtest", HARNESS)
-    ct = importlib.util.module_from_spec(spec)
-    sys.modules["crashtest"] = ct  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(ct)
-    finally:
-        del sys.modules["crashtest"]
     A, B, S = "a" * 64, "b" * 64, "c" * 64
     pt, tmp, st = "run/model.pt", "run/m.safetensors.tmp.1", "run/m.safetensors"
 
@@ -84,7 +79,7 @@ def test_harness_model_is_strict(monkeypatch):
                rec(7, "rename_begin", src=tmp, dst=st), rec(8, "renamed", src=tmp, dst=st)]
     windows = {"before": (0.1, 0.9), "A": (2.1, 2.9), "A|B": (3.5, 3.6), "B": (4.1, 4.9), "A..B": (2.5, 4.5),
                "renaming": (7.1, 7.9), "renamed": (8.1, 9)}
-    model = ct.Model()
+    model = AllowedStates()
     states = model.replay(records, windows)
 
     def allowed(window, path):
@@ -105,8 +100,8 @@ def test_harness_model_is_strict(monkeypatch):
     assert model.rename_violation(rn, None, None) is not None  # neither
     assert model.get(pt) == {B} and model.get(st) == {S} and model.get(tmp) == {None}
     # what can end the version at a path (an in-mount prune may expire it only after that)
-    assert ct.ends_at(records[2], pt) and ct.ends_at(records[6], tmp) and ct.ends_at(records[6], st)
-    assert not ct.ends_at(records[3], pt) and not ct.ends_at(records[4], pt)
+    assert ends_at(records[2], pt) and ends_at(records[6], tmp) and ends_at(records[6], st)
+    assert not ends_at(records[3], pt) and not ends_at(records[4], pt)
 
 
 @pytest.mark.mount
