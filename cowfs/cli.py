@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("mountpoint", help="an existing, empty directory")
     s.add_argument("--foreground", action="store_true", help="stay in the foreground and log to stderr too")
     s.add_argument("--allow-other", action="store_true", help="let other users access the mount (FUSE allow_other)")
-    s.add_argument("--auto-snapshot", metavar="INTERVAL", help="take a snapshot every INTERVAL (e.g. 10m) when no file is open for writing")
+    s.add_argument("--auto-snapshot", metavar="DURATION", help="take a snapshot every DURATION (e.g. 10m, 1d12h; at least 1s) when no file is open for writing")
     s.add_argument("--debug", action="store_true", help="log every commit")
     s.add_argument("--writeback-cache", action="store_true",
                    help="let the kernel cache writes and send them back in its own order (off by default: "

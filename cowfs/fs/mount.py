@@ -35,7 +35,7 @@ from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
-READ_AHEAD_KIB = 4096  # torch.load from a fresh mount: 516 MB/s at the 128 KiB default, 865-911 here (design notes)
+READ_AHEAD_KIB = 4096  # the kernel's FUSE default is 128 KiB; measured in docs/benchmarks.md
 
 
 class MountError(CowfsError):

@@ -1,7 +1,7 @@
 """Buffers kept for reuse: O_DIRECT staging (device.py) and read windows (reader.py).
 
-A new buffer's pages fault in when they are first touched: on the benchmark VM about 3 us per
-4 KiB page, 3 ms per 4 MiB (docs/benchmarks.md, third round). A buffer taken from a pool was
+A new buffer's pages fault in when they are first touched, which costs milliseconds per
+window with the GIL held (docs/benchmarks.md, third round). A buffer taken from a pool was
 touched before and costs nothing.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ SEGMENTS_DIR = "segments"
 LOCK_FILE = "lock"
 
 DEVICES = ("file", "direct", "pmem")
-DEFAULT_DEVICE = "direct"  # O_DIRECT appends: about half the save time and 40% of the daemon CPU of `file` (docs/benchmarks.md)
+DEFAULT_DEVICE = "direct"  # O_DIRECT appends; chosen by the benchmark (docs/benchmarks.md, third round)
 DEFAULT_SEGMENT_SIZE = 256 << 20
 MIN_SEGMENT_SIZE = 4 << 20
 MAX_SEGMENT_SIZE = 1 << 40

@@ -141,7 +141,7 @@ class FileReader:
 
     def cached(self, offset: int, length: int) -> bytes | memoryview | None:
         """The bytes if their windows are loaded, without waiting for any I/O (for a caller that
-        must not block; it verifies their chunks, ~0.1 ms per MiB); None if it has to wait."""
+        must not block; it verifies their chunks); None if it has to wait."""
         end = min(offset + length, self.size)
         if offset >= end:
             return b""
