@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from cowfs.store import Store
 
-from mountutil import mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, new_store
+from tests.support.mountutil import mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.storeutil import assert_clean, new_store
 
 pytestmark = pytest.mark.mount
 

@@ -10,7 +10,7 @@ import pytest
 
 from cowfs.store import Store
 
-from storeutil import assert_clean, data, store_with_history
+from tests.support.storeutil import assert_clean, data, store_with_history
 
 
 def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:

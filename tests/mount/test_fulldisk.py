@@ -27,8 +27,8 @@ import torch
 from cowfs.errors import NoSpace
 from cowfs.store import ROOT_INO, Store
 
-from mountutil import cowfs, daemon_pid, mounted
-from storeutil import assert_clean, data
+from tests.support.mountutil import cowfs, daemon_pid, mounted
+from tests.support.storeutil import assert_clean, data
 
 pytestmark = pytest.mark.mount
 

@@ -18,7 +18,7 @@ import pytest
 
 from cowfs.mountinfo import mounted_cowfs
 
-HARNESS = Path(__file__).resolve().parent.parent / "tools" / "crashtest.py"
+HARNESS = Path(__file__).resolve().parents[2] / "tools" / "crashtest.py"
 
 
 def store_locked(store: Path) -> bool:

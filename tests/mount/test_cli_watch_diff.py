@@ -15,8 +15,8 @@ from typing import IO
 
 import pytest
 
-from mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import data
+from tests.support.mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.storeutil import data
 
 pytestmark = pytest.mark.mount
 CLI = [sys.executable, "-m", "cowfs.cli"]

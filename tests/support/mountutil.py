@@ -14,7 +14,7 @@ from cowfs.mountinfo import mounted_cowfs, process_alive
 
 import pytest
 
-from storeutil import assert_clean, new_store
+from tests.support.storeutil import assert_clean, new_store
 
 
 @pytest.fixture

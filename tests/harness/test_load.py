@@ -24,11 +24,11 @@ import pytest
 
 from cowfs.mountinfo import mounted_cowfs
 
-from mountutil import mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.mountutil import mounted, store  # noqa: F401 (store is a fixture)
 
 pytestmark = pytest.mark.mount
 
-HARNESS = Path(__file__).resolve().parent.parent / "tools" / "loadtest.py"
+HARNESS = Path(__file__).resolve().parents[2] / "tools" / "loadtest.py"
 SUMMARY = re.compile(r"^load: (?P<procs>\d+) procs, (?P<checkpoints>\d+) checkpoints written, (?P<verified>\S+ \S+) verified, "
                      r"(?P<snapshots>\d+) snapshots, (?P<gc>\d+) gc runs, (?P<errors>\d+) errors, (?P<fsck>fsck .*)$", re.M)
 

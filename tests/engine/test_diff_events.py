@@ -10,7 +10,7 @@ from cowfs.errors import InvalidArgument, NotFound
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.events import Event
 
-from storeutil import data
+from tests.support.storeutil import data
 
 
 def _by_path(report) -> dict[str, tuple]:  # type: ignore[no-untyped-def]

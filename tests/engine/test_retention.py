@@ -11,8 +11,8 @@ from cowfs.store import ROOT_INO, Snapshot, Store
 from cowfs.store.retention import KeepPolicy, plan
 from cowfs.units import duration_ns
 
-from mountutil import cowfs, mounted
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import assert_clean, data, new_store
 
 H = 3600 * 10**9
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
 

@@ -11,8 +11,8 @@ import pytest
 from cowfs.mountinfo import process_alive
 from cowfs.store import Store
 
-from mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
 
