@@ -4,6 +4,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import trio
+
 from ..store import Attr, Store
 from ..store.reader import FileReader
 from ..store.session import WriteSession
@@ -44,6 +46,11 @@ class HandleTable:
         self._ids = itertools.count(1)
         self.files: dict[int, OpenFile] = {}
         self.sessions: dict[int, SharedSession] = {}  # store ino -> session
+        # An auto-snapshot must never show a file between its create (the empty entry is
+        # committed first) and its close: creates in progress are counted, and a create
+        # waits while an auto-snapshot is being taken (auto_snapshot_done is then set).
+        self.creating = 0
+        self.auto_snapshot_done: trio.Event | None = None
 
     def open_reader(self, fuse_ino: int, store_ino: int, reader: FileReader) -> OpenFile:
         f = OpenFile(next(self._ids), fuse_ino, store_ino, False, reader=reader)
@@ -63,7 +70,8 @@ class HandleTable:
         return f
 
     def writers_open(self) -> bool:
-        return bool(self.sessions)
+        """A file is open for writing, or being created."""
+        return bool(self.sessions) or self.creating > 0
 
     def dirty_session(self, store_ino: int) -> WriteSession | None:
         shared = self.sessions.get(store_ino)

@@ -95,14 +95,18 @@ def _setup_logging(store: Path, foreground: bool, debug: bool) -> None:
 async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
     while True:
         await trio.sleep(interval)
-        while ops.handles.writers_open():  # a moment when no file is open for writing
+        while ops.handles.writers_open():  # a moment when no file is open for writing or being created
             await trio.sleep(0.5)
         name = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        done = ops.handles.auto_snapshot_done = trio.Event()  # creates wait until it is taken
         try:
             await in_thread(ops.store.snapshot_create, name)
             log.info("auto-snapshot %s", name)
         except CowfsError as e:
             log.warning("auto-snapshot %s: %s", name, e)
+        finally:
+            ops.handles.auto_snapshot_done = None
+            done.set()
 
 
 async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None, ready_fd: int | None) -> None:

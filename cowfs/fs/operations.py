@@ -328,9 +328,15 @@ class CowfsOperations(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         parent = self._live(parent_inode)
-        attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
-        fuse_ino = ViewTable.encode(LIVE_VIEW, attr.ino)
-        f = await self._open_writer(fuse_ino, attr.ino, False, ctx.pid)
+        while self.handles.auto_snapshot_done is not None:  # see HandleTable.creating
+            await self.handles.auto_snapshot_done.wait()
+        self.handles.creating += 1
+        try:
+            attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
+            fuse_ino = ViewTable.encode(LIVE_VIEW, attr.ino)
+            f = await self._open_writer(fuse_ino, attr.ino, False, ctx.pid)
+        finally:
+            self.handles.creating -= 1
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
 
     @translate_errors

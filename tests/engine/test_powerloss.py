@@ -1,6 +1,6 @@
 """Power loss at random points: only what was made durable survives, and recovery must cope.
 
-The segment files go through the simulated disk of `powerloss_device.py`: it
+The segment files go through the simulated disk of `tests/support/powerloss_device.py`: it
 knows, for every segment, the bytes as of the last fdatasync/persist and whether
 its directory entry was fsynced. A random crash point (any segment write,
 persist, punch, truncate, create, directory fsync, or any catalog transaction,
@@ -56,7 +56,7 @@ import pytest
 import cowfs.store.session as session_mod
 from cowfs.store import ROOT_INO, Store
 
-from powerloss_device import Disk, PowerLoss, install
+from tests.support.powerloss_device import Disk, PowerLoss, install
 
 KiB, MiB = 1 << 10, 1 << 20
 SEGMENT_SIZE = 4 * MiB
@@ -453,7 +453,7 @@ class Run:
         trace = "\n  ".join(self.trace)
         pytest.fail(
             f"power-loss run device={self.device} seed={self.seed} (replay: COWFS_POWERLOSS_SEED={self.seed}"
-            f" pytest 'tests/test_powerloss.py::test_power_loss[{self.device}]'), crash #{self.stats.crashes}:\n"
+            f" pytest 'tests/engine/test_powerloss.py::test_power_loss[{self.device}]'), crash #{self.stats.crashes}:\n"
             f"{msg}\nlast steps:\n  {trace}",
             pytrace=False,
         )

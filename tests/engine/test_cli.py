@@ -10,7 +10,7 @@ import pytest
 
 from cowfs.store import Store
 
-from storeutil import assert_clean, data, store_with_history
+from tests.support.storeutil import assert_clean, data, store_with_history
 
 
 def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
@@ -18,35 +18,37 @@ def run(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def store(tmp_path):
+def history_path(tmp_path):
+    """Path of a store holding two versions of /run/model.pt (the first in snapshot "one"),
+    fsck'ed clean at teardown."""
     p = store_with_history(tmp_path / "store", 500_000)
     yield p
     assert_clean(p)
 
 
-def test_stats_json_and_table(store):
-    r = run("stats", str(store), "--json")
+def test_stats_json_and_table(history_path):
+    r = run("stats", str(history_path), "--json")
     assert r.returncode == 0
     stats = json.loads(r.stdout)
     for key in ("logical_bytes", "stored_bytes", "physical_bytes", "files", "versions", "snapshots", "generations", "dedup_ratio"):
         assert key in stats
     assert stats["files"] == 1 and stats["snapshots"] == 1 and stats["stored_bytes"] == 1_000_000
-    assert "dedup_ratio" in run("stats", str(store)).stdout.decode()
+    assert "dedup_ratio" in run("stats", str(history_path)).stdout.decode()
 
 
-def test_snapshots_log_cat_ls(store):
-    assert run("snapshot", "create", str(store), "two").returncode == 0
-    r = run("snapshot", "list", str(store), "--json")
+def test_snapshots_log_cat_ls(history_path):
+    assert run("snapshot", "create", str(history_path), "two").returncode == 0
+    r = run("snapshot", "list", str(history_path), "--json")
     assert [s["name"] for s in json.loads(r.stdout)] == ["one", "two"]
-    r = run("cat", str(store), "/run/model.pt", "--snapshot", "one")
+    r = run("cat", str(history_path), "/run/model.pt", "--snapshot", "one")
     assert r.returncode == 0 and r.stdout == data(500_000, 1)
-    assert run("cat", str(store), "/run/model.pt").stdout == data(500_000, 2)
-    log = json.loads(run("log", str(store), "/run/model.pt", "--json").stdout)
+    assert run("cat", str(history_path), "/run/model.pt").stdout == data(500_000, 2)
+    log = json.loads(run("log", str(history_path), "/run/model.pt", "--json").stdout)
     assert [v["size"] for v in log][:2] == [500_000, 500_000] and log[0]["current"]
-    assert b"model.pt" in run("ls", str(store), "/run").stdout
-    assert run("snapshot", "delete", str(store), "one", "two").returncode == 0
-    assert json.loads(run("snapshot", "list", str(store), "--json").stdout) == []
-    r = run("gc", str(store))
+    assert b"model.pt" in run("ls", str(history_path), "/run").stdout
+    assert run("snapshot", "delete", str(history_path), "one", "two").returncode == 0
+    assert json.loads(run("snapshot", "list", str(history_path), "--json").stdout) == []
+    r = run("gc", str(history_path))
     assert r.returncode == 0 and b"freed" in r.stdout
 
 
@@ -64,31 +66,31 @@ def test_snapshots_log_cat_ls(store):
         (("init", "{tmp}/new", "--segment-size", "12x"), "not a size"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(store, tmp_path, args, message):
-    before = {f: os.stat(store / f).st_mtime_ns for f in ("cowfs-store.json",)}
-    r = run(*(a.format(tmp=tmp_path, store=store) for a in args))
+def test_bad_input_is_one_line_exit_2(history_path, tmp_path, args, message):
+    before = {f: os.stat(history_path / f).st_mtime_ns for f in ("cowfs-store.json",)}
+    r = run(*(a.format(tmp=tmp_path, store=history_path) for a in args))
     err = r.stderr.decode()
     assert r.returncode == 2, err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
-    assert before == {f: os.stat(store / f).st_mtime_ns for f in before}
+    assert before == {f: os.stat(history_path / f).st_mtime_ns for f in before}
 
 
-def test_fsck_exit_codes(store):
-    r = run("fsck", str(store), "--json")
+def test_fsck_exit_codes(history_path):
+    r = run("fsck", str(history_path), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["clean"]
-    with Store.open(store) as s:
+    with Store.open(history_path) as s:
         seg, off = s.catalog.reader().execute("SELECT seg_id, offset FROM chunks LIMIT 1").fetchone()
-    seg_file = store / "segments" / f"{seg:016d}.seg"
+    seg_file = history_path / "segments" / f"{seg:016d}.seg"
     with open(seg_file, "r+b") as f:
         f.seek(off + 100)
         b = f.read(1)
         f.seek(off + 100)
         f.write(bytes([b[0] ^ 1]))
-    r = run("fsck", str(store))
+    r = run("fsck", str(history_path))
     assert r.returncode == 1 and b"chunk" in r.stdout and b"/run/model.pt" in r.stdout
-    r = run("fsck", str(store), "--repair")
+    r = run("fsck", str(history_path), "--repair")
     assert r.returncode == 0, r.stdout
-    assert run("fsck", str(store)).returncode == 0
+    assert run("fsck", str(history_path)).returncode == 0
 
 
 def test_help_has_examples():

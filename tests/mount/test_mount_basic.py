@@ -11,33 +11,33 @@ import pytest
 from cowfs.mountinfo import process_alive
 from cowfs.store import Store
 
-from mountutil import cowfs, kill9, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, kill9, mounted
+from tests.support.storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
 
 
-def test_mount_errors_are_one_line_exit_2(store, tmp_path):
+def test_mount_errors_are_one_line_exit_2(store_path, tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     cases = [
         (("mount", str(tmp_path / "nostore"), str(tmp_path)), "no such directory"),
-        (("mount", str(store), str(tmp_path / "missing")), "does not exist"),
-        (("mount", str(store), str(tmp_path / "full")), "not empty"),
+        (("mount", str(store_path), str(tmp_path / "missing")), "does not exist"),
+        (("mount", str(store_path), str(tmp_path / "full")), "not empty"),
     ]
     for args, msg in cases:
         r = cowfs(*args, check=False)
         assert r.returncode == 2 and msg in r.stderr.decode() and r.stderr.decode().count("\n") == 1, r.stderr
-    with mounted(store, tmp_path / "m1"):
+    with mounted(store_path, tmp_path / "m1"):
         (tmp_path / "m2").mkdir()
-        r = cowfs("mount", str(store), str(tmp_path / "m2"), check=False)
+        r = cowfs("mount", str(store_path), str(tmp_path / "m2"), check=False)
         assert r.returncode == 2 and "already mounted" in r.stderr.decode()
     r = cowfs("umount", str(tmp_path / "m1"), check=False)
     assert r.returncode == 2 and "no cowfs filesystem" in r.stderr.decode()
 
 
-def test_posix_semantics(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_posix_semantics(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "d").mkdir()
         with open(m / "d" / "f", "wb") as f:
             f.write(b"hello")
@@ -85,41 +85,41 @@ def test_posix_semantics(store, tmp_path):
         assert os.listdir(m / ".snapshots") == []
 
 
-def test_close_commits_and_survives_remount(store, tmp_path):
+def test_close_commits_and_survives_remount(store_path, tmp_path):
     blob = data(5_000_000, 1)
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "a.bin").write_bytes(blob)
         (m / "b.bin").write_bytes(blob)  # dedups with a.bin
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         st = s.stats()
         assert st["stored_bytes"] == len(blob) and st["logical_bytes"] == 2 * len(blob)
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         assert (m / "a.bin").read_bytes() == blob and (m / "b.bin").read_bytes() == blob
 
 
-def test_kill9_mid_write_leaves_previous_version(store, tmp_path):
+def test_kill9_mid_write_leaves_previous_version(store_path, tmp_path):
     old, new = data(3_000_000, 1), data(6_000_000, 2)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         (m / "model.pt").write_bytes(old)
         f = open(m / "model.pt", "wb")  # O_TRUNC, like torch.save
         f.write(new[:4_000_000])
         f.flush()
-        kill9(store, mnt)
+        kill9(store_path, mnt)
         try:
             f.close()
         except OSError:
             pass
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         assert (m / "model.pt").read_bytes() == old
 
 
-def test_kill9_between_rename_and_close_keeps_previous_version(store, tmp_path):
+def test_kill9_between_rename_and_close_keeps_previous_version(store_path, tmp_path):
     """safetensors 0.8 save_file over an existing file: open tmp, write, rename over, close.
     A crash between the rename and the close must leave the previous version, not an empty file."""
     a, b = data(3_000_000, 1), data(3_000_000, 2)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         p = m / "model.safetensors"
         p.write_bytes(a)
         tmpf = m / ".tmpAbC123"
@@ -127,12 +127,12 @@ def test_kill9_between_rename_and_close_keeps_previous_version(store, tmp_path):
         os.ftruncate(fd, len(b))
         os.write(fd, b)
         os.rename(tmpf, p)
-        kill9(store, mnt)
+        kill9(store_path, mnt)
         try:
             os.close(fd)
         except OSError:
             pass
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         assert (m / "model.safetensors").read_bytes() in (a, b)
         assert os.listdir(m) == ["model.safetensors"]
 
@@ -156,10 +156,10 @@ def _read_ahead_kib(mnt) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("extra", [(), ("--writeback-cache",)])
-def test_read_ahead_raised_with_and_without_the_writeback_cache(store, tmp_path, extra):
+def test_read_ahead_raised_with_and_without_the_writeback_cache(store_path, tmp_path, extra):
     from cowfs.fs.mount import READ_AHEAD_KIB
 
-    with mounted(store, tmp_path / "mnt", *extra) as m:
+    with mounted(store_path, tmp_path / "mnt", *extra) as m:
         (m / "model.pt").write_bytes(data(3_000_000, 5))
         assert (m / "model.pt").read_bytes() == data(3_000_000, 5)
         deadline = time.monotonic() + 10  # set by the daemon once the kernel has its INIT reply

@@ -14,12 +14,13 @@ from cowfs.mountinfo import mounted_cowfs, process_alive
 
 import pytest
 
-from storeutil import assert_clean, new_store
+from tests.support.storeutil import assert_clean, new_store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Path]:
-    """A new store for a mount test (16 MiB segments), fsck'ed clean after the test."""
+def store_path(tmp_path: Path) -> Iterator[Path]:
+    """Path of a new store for a mount test (16 MiB segments), fsck'ed clean after the test.
+    The fixture of the mount and harness layers (their conftest.py imports it)."""
     p = new_store(tmp_path / "store", segment_size=16 << 20)
     yield p
     assert_clean(p)
@@ -73,4 +74,4 @@ def kill9(store: Path, mnt: Path) -> None:
     force_unmount(mnt)
 
 
-__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid", "store"]
+__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid", "store_path"]

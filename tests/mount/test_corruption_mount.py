@@ -31,8 +31,8 @@ from cowfs.mountinfo import mounted_cowfs
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import segment_path
 
-from mountutil import cowfs, mounted
-from storeutil import assert_clean
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import assert_clean
 
 pytestmark = [pytest.mark.mount, pytest.mark.damaged]
 

@@ -1,4 +1,6 @@
-"""Shared fixtures: every store a test touches is fsck'ed (clean) at teardown."""
+"""Fixtures of the engine tests: every store a test touches is fsck'ed (clean) at teardown.
+
+store_path is the Path of a new store (4 MiB segments); store is that store, open."""
 from __future__ import annotations
 
 import pytest

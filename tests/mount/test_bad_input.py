@@ -23,8 +23,8 @@ import pytest
 
 from cowfs.store.layout import CONFIG_FILE, FORMAT_VERSION
 
-from mountutil import mounted
-from storeutil import assert_clean, data, store_with_history
+from tests.support.mountutil import mounted
+from tests.support.storeutil import assert_clean, data, store_with_history
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # contents that change on their own while a store is mounted and idle: the shared-memory

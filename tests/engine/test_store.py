@@ -14,7 +14,7 @@ from cowfs.errors import Busy, CorruptData, Exists, IsADirectory, NotEmpty, NotF
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import segment_path
 
-from storeutil import assert_clean, data, new_store
+from tests.support.storeutil import assert_clean, data, new_store
 
 
 @pytest.fixture(params=["file", "direct", "pmem"])

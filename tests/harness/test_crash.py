@@ -19,7 +19,7 @@ import pytest
 from cowfs.mountinfo import mounted_cowfs
 from tools.crashtest.oracle import AllowedStates, ends_at
 
-REPO = Path(__file__).resolve().parent.parent  # `python -m tools.crashtest` runs from here
+REPO = Path(__file__).resolve().parents[2]  # `python -m tools.crashtest` runs from here
 
 
 def store_locked(store: Path) -> bool:

@@ -18,7 +18,7 @@ from cowfs.store.layout import segment_path
 from cowfs.store.log import check_chunk
 from cowfs.store.reader import FileReader
 
-from storeutil import data
+from tests.support.storeutil import data
 
 SIZE = 3_000_000
 

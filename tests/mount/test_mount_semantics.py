@@ -25,8 +25,8 @@ import pytest
 from cowfs.mountinfo import mounted_cowfs, process_alive
 from cowfs.store import Store
 
-from mountutil import cowfs, daemon_pid, kill9, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, daemon_pid, kill9, mounted
+from tests.support.storeutil import data
 
 pytestmark = pytest.mark.mount
 
@@ -101,7 +101,7 @@ def write_all(fd: int, buf: bytes) -> None:
 # -- 1. O_DIRECT, as DeepSpeed FastPersist writes ---------------------------------------------
 
 @pytest.mark.parametrize("tail", ["reopen", "ftruncate"])
-def test_odirect_aligned_blocks_then_unaligned_tail(store, tmp_path, tail):
+def test_odirect_aligned_blocks_then_unaligned_tail(store_path, tmp_path, tail):
     """40 MiB in 1 MiB blocks with O_DIRECT from page-aligned (mmap) buffers, then the
     unaligned tail through a second, buffered fd: either after closing the O_DIRECT fd and
     reopening, or with the O_DIRECT fd still open (ftruncate to the final size + pwrite) and
@@ -110,7 +110,7 @@ def test_odirect_aligned_blocks_then_unaligned_tail(store, tmp_path, tail):
     payload = data(nblocks * MiB + 123_457, 11)
     aligned = nblocks * MiB
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         (m / "ckpt").mkdir()
         path = m / "ckpt" / "mp_rank_00_model_states.pt"
         try:
@@ -156,7 +156,7 @@ def test_odirect_aligned_blocks_then_unaligned_tail(store, tmp_path, tail):
         assert os.stat(path).st_size == len(payload)
         got = path.read_bytes()
         assert got == payload, describe(got, payload=payload)
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         got = (m / "ckpt" / "mp_rank_00_model_states.pt").read_bytes()
         assert got == payload, describe(got, payload=payload)
 
@@ -265,14 +265,14 @@ def _wchan(pid: int) -> str:
 
 
 @pytest.mark.timeout(150)
-def test_concurrent_writers_and_readers_never_see_torn_versions(store, tmp_path):
+def test_concurrent_writers_and_readers_never_see_torn_versions(store_path, tmp_path):
     """4 processes each write 4 versions of two files (5-10 MB and 0.1-1.5 MB, sharing
     content) over the previous ones, and read the others' files mid-write and after each
     commit. Every read must be one whole version (header + sha256 of the body), no older than
     what was committed before the open, and the whole run must finish within the deadline."""
     ctx = multiprocessing.get_context("fork")
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         for w in range(WRITERS):
             (m / f"p{w}").mkdir()
         started = ctx.Array("i", WRITERS * 2, lock=False)
@@ -292,7 +292,7 @@ def test_concurrent_writers_and_readers_never_see_torn_versions(store, tmp_path)
                     pass
             if len(results) < len(procs):  # hung: kill the daemon so the workers' requests fail and they exit
                 stuck = {p.pid: _wchan(p.pid) for p in procs if p.is_alive()}
-                kill9(store, mnt)
+                kill9(store_path, mnt)
                 pytest.fail(f"{len(procs) - len(results)} of {len(procs)} workers not done after {CONCURRENT_DEADLINE}s "
                             f"(the daemon was killed); still waiting in the kernel: {stuck}")
         finally:
@@ -307,7 +307,7 @@ def test_concurrent_writers_and_readers_never_see_torn_versions(store, tmp_path)
         for w in range(WRITERS):  # the last versions, complete
             for name in ("model.bin", "extra.bin"):
                 assert (m / f"p{w}" / name).read_bytes() == _blob(w, VERSIONS, name)
-    with Store.open(store) as s:  # every version of every file was committed, none torn
+    with Store.open(store_path) as s:  # every version of every file was committed, none torn
         for w in range(WRITERS):
             assert len([v for v in s.history(f"/p{w}/model.bin") if v.size > 0]) == VERSIONS
 
@@ -315,13 +315,13 @@ def test_concurrent_writers_and_readers_never_see_torn_versions(store, tmp_path)
 # -- 3. close semantics -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["truncate", "in_place"])
-def test_new_open_sees_last_closed_version(store, tmp_path, how):
+def test_new_open_sees_last_closed_version(store_path, tmp_path, how):
     """While B is being written over A (O_TRUNC like torch.save, or rewritten in place),
     a new open from another process reads exactly A, the writer reads its own writes,
     and once the writer's close() returns a new open reads B."""
     a, b = data(6_000_000, 1), data(7_000_000, 2)
     half = 3_500_000
-    with mounted(store, tmp_path / "mnt") as m, OtherProcess() as other:
+    with mounted(store_path, tmp_path / "mnt") as m, OtherProcess() as other:
         path = m / "model.pt"
         path.write_bytes(a)
         flags = os.O_RDWR | (os.O_TRUNC if how == "truncate" else 0)
@@ -347,14 +347,14 @@ def test_new_open_sees_last_closed_version(store, tmp_path, how):
         assert path.read_bytes() == b
 
 
-def test_fork_while_writing_does_not_commit(store, tmp_path):
+def test_fork_while_writing_does_not_commit(store_path, tmp_path):
     """A process holding a file open for writing runs a subprocess (git, nvidia-smi, a
     DataLoader worker...). The child's exit closes its copies of the fds, which sends FUSE
     FLUSH for the writer's file; that must not make the half-written file the committed
     version: after a crash the file must still be A."""
     a, b = data(3_000_000, 20), data(5_000_000, 21)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         path = m / "model.pt"
         path.write_bytes(a)
         f = open(path, "wb")
@@ -362,23 +362,23 @@ def test_fork_while_writing_does_not_commit(store, tmp_path):
             f.write(b[:2_000_000])
             f.flush()
             subprocess.run(["true"], check=True)
-            kill9(store, mnt)
+            kill9(store_path, mnt)
         finally:
             try:
                 f.close()
             except OSError:
                 pass
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         got = (m / "model.pt").read_bytes()
         assert got == a, "after a subprocess ran mid-write and a crash, model.pt is " + describe(got, A=a, B=b)
 
 
 # -- 4. snapshot while a file is being written --------------------------------------------------
 
-def test_snapshot_during_write_holds_previous_version(store, tmp_path):
+def test_snapshot_during_write_holds_previous_version(store_path, tmp_path):
     a, b = data(4_000_000, 5), data(5_000_000, 6)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         (m / "run").mkdir()
         path = m / "run" / "model.pt"
         path.write_bytes(a)
@@ -393,17 +393,17 @@ def test_snapshot_during_write_holds_previous_version(store, tmp_path):
         assert path.read_bytes() == b
         got = snap.read_bytes()
         assert got == a, "after close, the snapshot holds " + describe(got, A=a, B=b)
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         assert s.read_file("/run/model.pt", gen=s.snapshot("s").gen) == a
         assert s.read_file("/run/model.pt") == b
 
 
 # -- 5. fsync commits without close --------------------------------------------------------------
 
-def test_fsync_commits_before_close_and_survives_kill9(store, tmp_path):
+def test_fsync_commits_before_close_and_survives_kill9(store_path, tmp_path):
     old, new, extra = data(2_000_000, 7), data(5_000_000, 8), data(1_000_000, 9)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         path = m / "model.pt"
         path.write_bytes(old)
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
@@ -411,24 +411,24 @@ def test_fsync_commits_before_close_and_survives_kill9(store, tmp_path):
             write_all(fd, new)
             os.fsync(fd)
             write_all(fd, extra)  # not fsynced: must not count
-            kill9(store, mnt)
+            kill9(store_path, mnt)
         finally:
             try:
                 os.close(fd)
             except OSError:
                 pass
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         got = (m / "model.pt").read_bytes()
         assert got == new, "after fsync + kill -9: " + describe(got, fsynced=new, old=old, with_extra=new + extra)
 
 
 # -- 6. SIGTERM and umount commit open files ------------------------------------------------------
 
-def test_sigterm_commits_open_file_unmounts_and_exits(store, tmp_path):
+def test_sigterm_commits_open_file_unmounts_and_exits(store_path, tmp_path):
     blob = data(3_000_000, 10)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
-        pid = daemon_pid(store)
+    with mounted(store_path, mnt) as m:
+        pid = daemon_pid(store_path)
         fd = os.open(m / "model.pt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             write_all(fd, blob)
@@ -440,7 +440,7 @@ def test_sigterm_commits_open_file_unmounts_and_exits(store, tmp_path):
                 os.close(fd)
             except OSError:
                 pass
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         got = (m / "model.pt").read_bytes() if (m / "model.pt").exists() else b""
         assert got == blob, "after SIGTERM with the file open: " + describe(got, written=blob)
 
@@ -460,14 +460,14 @@ except OSError:
 """
 
 
-def test_umount_waits_for_daemon_exit_and_commits_open_file(store, tmp_path):
+def test_umount_waits_for_daemon_exit_and_commits_open_file(store_path, tmp_path):
     """`cowfs umount` while another process (a training job) holds a file open for writing
     with data written: umount returns only once the daemon is gone, and the data is committed."""
     blob = data(3_000_000, 12)
     (tmp_path / "src.bin").write_bytes(blob)
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
-        pid = daemon_pid(store)
+    with mounted(store_path, mnt) as m:
+        pid = daemon_pid(store_path)
         (m / "closed.bin").write_bytes(blob[:100_000])
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "src.bin"), str(m / "open.bin")],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -478,7 +478,7 @@ def test_umount_waits_for_daemon_exit_and_commits_open_file(store, tmp_path):
             assert str(mnt) not in mounted_cowfs()
         finally:
             holder.communicate(timeout=30)
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         assert (m / "closed.bin").read_bytes() == blob[:100_000]
         got = (m / "open.bin").read_bytes() if (m / "open.bin").exists() else b""
         assert got == blob, "after umount with the file open in another process: " + describe(got, written=blob)
@@ -489,30 +489,51 @@ def test_umount_waits_for_daemon_exit_and_commits_open_file(store, tmp_path):
 SNAP_NAME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
-def test_auto_snapshot_pauses_while_a_file_is_open_for_writing(store, tmp_path):
-    with mounted(store, tmp_path / "mnt", "--auto-snapshot", "1s") as m:
+AUTO_SNAPSHOT_WAIT = 120  # seconds: generous on a busy machine (the interval is 1 s)
+
+
+def _snapshots_holding(snaps: Path, name: str, content: bytes) -> list[str]:
+    out = []
+    for snap in sorted(os.listdir(snaps)):
+        try:
+            if (snaps / snap / name).read_bytes() == content:
+                out.append(snap)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _wait_for_snapshot(snaps: Path, name: str, content: bytes) -> list[str]:
+    deadline = time.monotonic() + AUTO_SNAPSHOT_WAIT
+    while not (found := _snapshots_holding(snaps, name, content)):
+        assert time.monotonic() < deadline, f"no auto-snapshot holding {name} = {content[:16]!r} within {AUTO_SNAPSHOT_WAIT}s"
+        time.sleep(0.05)
+    return found
+
+
+def test_auto_snapshot_pauses_while_a_file_is_open_for_writing(store_path, tmp_path):
+    """An auto-snapshot never shows a file between its create and its close: b.bin is held open
+    (created, written, not closed) over several intervals, and no snapshot may hold it in that
+    state (nor an empty b.bin); after the close the snapshots resume and hold its bytes."""
+    with mounted(store_path, tmp_path / "mnt", "--auto-snapshot", "1s") as m:
         snaps = m / ".snapshots"
         first = data(200_000, 13)
         (m / "a.bin").write_bytes(first)
-        time.sleep(3)
-        names = sorted(os.listdir(snaps))
-        assert names, "no auto-snapshot after 3 s with --auto-snapshot 1s"
-        assert all(SNAP_NAME.fullmatch(n) for n in names), names
-        assert (snaps / names[-1] / "a.bin").read_bytes() == first
+        _wait_for_snapshot(snaps, "a.bin", first)
+        assert all(SNAP_NAME.fullmatch(n) for n in os.listdir(snaps)), os.listdir(snaps)
         with open(m / "b.bin", "wb") as f:
             f.write(b"partial")
             f.flush()
-            time.sleep(1.2)  # a snapshot already under way may still land
-            before = sorted(os.listdir(snaps))
-            time.sleep(2.5)
-            during = sorted(os.listdir(snaps))
-            assert during == before, f"auto-snapshots taken while b.bin was open for writing: {sorted(set(during) - set(before))}"
-        deadline = time.monotonic() + 4
-        while len(os.listdir(snaps)) == len(during) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        after = sorted(os.listdir(snaps))
-        assert len(after) > len(during), "auto-snapshots did not resume after the writer closed"
-        assert (snaps / after[-1] / "b.bin").read_bytes() == b"partial"
+            time.sleep(3)  # not a wait for anything: three intervals in which a wrong daemon would snapshot
+            while_open = sorted(os.listdir(snaps))
+        _wait_for_snapshot(snaps, "b.bin", b"partial")
+        seen = {}
+        for snap in sorted(os.listdir(snaps)):
+            if (snaps / snap / "b.bin").exists():
+                seen[snap] = (snaps / snap / "b.bin").read_bytes()
+        assert all(v == b"partial" for v in seen.values()), (
+            f"auto-snapshots show b.bin before its close: {({k: v for k, v in seen.items() if v != b'partial'})}")
+        assert set(_snapshots_holding(snaps, "b.bin", b"partial")).isdisjoint(while_open)
 
 
 # -- 8. metadata survives umount + remount --------------------------------------------------------
@@ -535,9 +556,9 @@ def walk(root: Path) -> dict[str, tuple]:
     return out
 
 
-def test_tree_metadata_survives_remount(store, tmp_path):
+def test_tree_metadata_survives_remount(store_path, tmp_path):
     mnt = tmp_path / "mnt"
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         (m / "run" / "checkpoint-100" / "nested").mkdir(parents=True)
         (m / "empty").mkdir(mode=0o700)
         (m / "run" / "checkpoint-100" / "model.safetensors").write_bytes(data(1_500_000, 14))
@@ -554,7 +575,7 @@ def test_tree_metadata_survives_remount(store, tmp_path):
         os.utime(m / "run" / "latest", ns=(1_650_000_000_000_000_000, 1_650_000_000_000_000_000), follow_symlinks=False)
         before = walk(m)
         assert len(before) == 10
-    with mounted(store, mnt) as m:
+    with mounted(store_path, mnt) as m:
         after = walk(m)
     diff = {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     assert not diff, "changed across umount/mount (mode, perms, size, mtime_ns, uid, gid, content/target):\n" + \
@@ -563,8 +584,8 @@ def test_tree_metadata_survives_remount(store, tmp_path):
 
 # -- 9. directory mtimes ---------------------------------------------------------------------------
 
-def test_directory_mtime_follows_entry_changes(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_directory_mtime_follows_entry_changes(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         d, other = m / "run", m / "other"
         d.mkdir()
         other.mkdir()
@@ -611,5 +632,5 @@ def test_directory_mtime_follows_entry_changes(store, tmp_path):
         changes(remove_dir, d)
         assert os.listdir(d) == [] and os.listdir(other) == []
         mtime = os.stat(d).st_mtime_ns
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         assert os.stat(m / "run").st_mtime_ns == mtime

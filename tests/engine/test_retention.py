@@ -11,8 +11,8 @@ from cowfs.store import ROOT_INO, Snapshot, Store
 from cowfs.store.retention import KeepPolicy, plan
 from cowfs.units import duration_ns
 
-from mountutil import cowfs, mounted
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import data
 
 H = 3600 * 10**9
 
@@ -54,13 +54,6 @@ def test_reasons_and_refusal():
     assert duration_ns("1d12h") == 36 * H
 
 
-@pytest.fixture
-def store(tmp_path):
-    p = new_store(tmp_path / "store", segment_size=4 << 20)
-    yield p
-    assert_clean(p)
-
-
 def _series(store):
     with Store.open(store) as s:
         s.mkdir(ROOT_INO, b"run")
@@ -70,18 +63,18 @@ def _series(store):
         return s.stats()
 
 
-def test_prune_keep_last_reclaims_space_and_keeps_snapshots_exact(store):
-    _series(store)
-    with Store.open(store) as s:  # after a clean close (the head segment's preallocation is released)
+def test_prune_keep_last_reclaims_space_and_keeps_snapshots_exact(store_path):
+    _series(store_path)
+    with Store.open(store_path) as s:  # after a clean close (the head segment's preallocation is released)
         before = s.stats()
-    r = cowfs("prune", str(store), "--keep-last", "3", "--dry-run", "--json")
+    r = cowfs("prune", str(store_path), "--keep-last", "3", "--dry-run", "--json")
     plan_ = json.loads(r.stdout)
     assert [s["keep"] for s in plan_["snapshots"]] == [True] * 3 + [False] * 3
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         assert len(s.snapshot_list()) == 6 and s.stats()["physical_bytes"] == before["physical_bytes"]  # dry run
-    out = cowfs("prune", str(store), "--keep-last", "3").stdout.decode()
+    out = cowfs("prune", str(store_path), "--keep-last", "3").stdout.decode()
     assert "remove" in out and "freed" in out
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         assert [x.name for x in s.snapshot_list()] == ["step-3", "step-4", "step-5"]
         for i in (3, 4, 5):
             assert s.read_file("/run/model.pt", s.snapshot(f"step-{i}").gen) == data(1_500_000, i)
@@ -90,33 +83,33 @@ def test_prune_keep_last_reclaims_space_and_keeps_snapshots_exact(store):
         assert st["physical_bytes"] < before["physical_bytes"] * 0.6
 
 
-def test_prune_refuses_without_rules_and_keeps_history_when_asked(store):
-    _series(store)
-    r = cowfs("prune", str(store), check=False)
+def test_prune_refuses_without_rules_and_keeps_history_when_asked(store_path):
+    _series(store_path)
+    r = cowfs("prune", str(store_path), check=False)
     assert r.returncode == 2 and b"no keep rule" in r.stderr
-    cowfs("prune", str(store), "--keep-last", "1", "--keep-history", "1d")
-    with Store.open(store) as s:
+    cowfs("prune", str(store_path), "--keep-last", "1", "--keep-history", "1d")
+    with Store.open(store_path) as s:
         assert len(s.history("/run/model.pt")) == 6  # replaced within a day: kept
 
 
-def test_restore_makes_old_version_current_keeping_history(store, tmp_path):
-    _series(store)
-    cowfs("restore", str(store), "/run/model.pt", "--snapshot", "step-1")
-    with Store.open(store) as s:
+def test_restore_makes_old_version_current_keeping_history(store_path, tmp_path):
+    _series(store_path)
+    cowfs("restore", str(store_path), "/run/model.pt", "--snapshot", "step-1")
+    with Store.open(store_path) as s:
         assert s.read_file("/run/model.pt") == data(1_500_000, 1)
         assert len(s.history("/run/model.pt")) == 7
         stored = s.stats()["stored_bytes"]
-    cowfs("restore", str(store), "/run/model.pt", "--snapshot", "step-2", "--to", "/run/old.pt")
-    with Store.open(store) as s:
+    cowfs("restore", str(store_path), "/run/model.pt", "--snapshot", "step-2", "--to", "/run/old.pt")
+    with Store.open(store_path) as s:
         assert s.read_file("/run/old.pt") == data(1_500_000, 2) and s.stats()["stored_bytes"] == stored
-    r = cowfs("restore", str(store), "/run/model.pt", "--snapshot", "nope", check=False)
+    r = cowfs("restore", str(store_path), "/run/model.pt", "--snapshot", "nope", check=False)
     assert r.returncode == 2 and b"no snapshot named" in r.stderr
 
 
 @pytest.mark.mount
-def test_prune_and_restore_on_a_mounted_store(store, tmp_path):
-    _series(store)
-    with mounted(store, tmp_path / "mnt") as m:
+def test_prune_and_restore_on_a_mounted_store(store_path, tmp_path):
+    _series(store_path)
+    with mounted(store_path, tmp_path / "mnt") as m:
         assert (m / "run" / "model.pt").read_bytes() == data(1_500_000, 5)
         cowfs("restore", str(m), "/run/model.pt", "--snapshot", "step-0")
         assert (m / "run" / "model.pt").read_bytes() == data(1_500_000, 0)

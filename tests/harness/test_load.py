@@ -25,11 +25,11 @@ import pytest
 
 from cowfs.mountinfo import mounted_cowfs
 
-from mountutil import mounted, store  # noqa: F401 (store is a fixture)
+from tests.support.mountutil import mounted
 
 pytestmark = pytest.mark.mount
 
-REPO = Path(__file__).resolve().parent.parent  # `python -m tools.loadtest` runs from here
+REPO = Path(__file__).resolve().parents[2]  # `python -m tools.loadtest` runs from here
 SUMMARY = re.compile(r"^load: (?P<procs>\d+) procs, (?P<checkpoints>\d+) checkpoints written, (?P<verified>\S+ \S+) verified, "
                      r"(?P<snapshots>\d+) snapshots, (?P<gc>\d+) gc runs, (?P<errors>\d+) errors, (?P<fsck>fsck .*)$", re.M)
 
@@ -78,8 +78,8 @@ def test_load_8_procs_5_minutes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["rename over it", "unlink"])
-def test_close_of_a_reader_after_its_file_was_replaced(store: Path, tmp_path: Path, how: str) -> None:  # noqa: F811
-    with mounted(store, tmp_path / "mnt") as m:
+def test_close_of_a_reader_after_its_file_was_replaced(store_path: Path, tmp_path: Path, how: str) -> None:
+    with mounted(store_path, tmp_path / "mnt") as m:
         old, new = os.urandom(50_000), os.urandom(70_000)
         (m / "ckpt.pt").write_bytes(old)
         (m / "ckpt.tmp").write_bytes(new)
@@ -94,7 +94,7 @@ def test_close_of_a_reader_after_its_file_was_replaced(store: Path, tmp_path: Pa
             assert (m / "ckpt.pt").read_bytes() == new
 
 
-def test_readers_of_a_file_replaced_by_rename_never_fail(store: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_readers_of_a_file_replaced_by_rename_never_fail(store_path: Path, tmp_path: Path) -> None:
     """Two reader threads open and read a file while it is replaced 150 times (temp + rename,
     half of them renamed before their close like safetensors): every open succeeds and every
     read is one whole version."""
@@ -113,7 +113,7 @@ def test_readers_of_a_file_replaced_by_rename_never_fail(store: Path, tmp_path: 
             if digest not in versions:
                 failures.append(f"read a version never written (sha256 {digest[:16]})")
 
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         first = os.urandom(100_000)
         versions.add(hashlib.sha256(first).hexdigest())
         (m / "model.safetensors").write_bytes(first)

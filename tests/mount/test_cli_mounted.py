@@ -6,17 +6,17 @@ import os
 
 import pytest
 
-from mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, data, new_store
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import data
 
 pytestmark = pytest.mark.mount
 
 
-def test_commands_on_a_mounted_store(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_commands_on_a_mounted_store(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "run").mkdir()
         (m / "run" / "model.pt").write_bytes(data(2_000_000, 1))
-        for target in (str(m), str(store)):
+        for target in (str(m), str(store_path)):
             st = json.loads(cowfs("stats", target, "--json").stdout)
             assert st["files"] == 1 and st["logical_bytes"] == 2_000_000
         cowfs("snapshot", "create", str(m), "one")
@@ -36,7 +36,7 @@ def test_commands_on_a_mounted_store(store, tmp_path):
         assert b"freed" in r.stdout
         assert json.loads(cowfs("gc", str(m), "--json").stdout)["bytes_freed"] >= 0
         assert (m / "run").is_dir()  # the mount keeps working after gc
-        r = cowfs("fsck", str(store), "--json")  # checked through the daemon
+        r = cowfs("fsck", str(store_path), "--json")  # checked through the daemon
         assert json.loads(r.stdout)["clean"]
         r = cowfs("snapshot", "delete", str(m), "nope", check=False)
         assert r.returncode == 2 and b"no snapshot named" in r.stderr and b"Traceback" not in r.stderr

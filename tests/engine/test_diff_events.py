@@ -10,7 +10,7 @@ from cowfs.errors import InvalidArgument, NotFound
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.events import Event
 
-from storeutil import data
+from tests.support.storeutil import data
 
 
 def _by_path(report) -> dict[str, tuple]:  # type: ignore[no-untyped-def]
@@ -32,7 +32,7 @@ def test_diff_added_removed_changed_and_shared_bytes(store: Store) -> None:
     store.write_file("/run/same.bin", b"same" * 1000)          # written again, same bytes: unchanged
     store.unlink(run.ino, b"gone.bin")
     store.rmdir(run.ino, b"old")
-    new_dir = store.mkdir(run.ino, b"checkpoint-2")
+    store.mkdir(run.ino, b"checkpoint-2")
     store.write_file("/run/checkpoint-2/copy.pt", body)        # every byte already held by a
     store.write_file("/run/checkpoint-2/fresh.bin", data(70_000, 9))
     store.unlink(run.ino, b"last")

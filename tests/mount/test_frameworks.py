@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from cowfs.store import Store
 
-from mountutil import mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import assert_clean, new_store
+from tests.support.mountutil import mounted
+
 
 pytestmark = pytest.mark.mount
 
@@ -86,11 +86,11 @@ def release_mappings() -> None:
 # -- 1. torch.save / torch.load -------------------------------------------------------------
 
 
-def test_torch_save_load_and_mmap(store, tmp_path):
+def test_torch_save_load_and_mmap(store_path, tmp_path):
     model = make_model(1)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     assert 10 * MB < state_bytes(sd) < 20 * MB
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "run").mkdir()
         path = m / "run" / "model.pt"
         torch.save(model.state_dict(), path)
@@ -116,7 +116,7 @@ def test_torch_save_load_and_mmap(store, tmp_path):
         assert_state_equal(sd2, mapped)
         del mapped
         release_mappings()
-    with mounted(store, tmp_path / "mnt") as m:  # and after a remount
+    with mounted(store_path, tmp_path / "mnt") as m:  # and after a remount
         mapped = torch.load(m / "run" / "model.pt", mmap=True, weights_only=True)
         assert_state_equal(sd2, mapped)
         del mapped
@@ -132,10 +132,10 @@ def save_safetensors_atomic(sd: dict[str, torch.Tensor], final: Path) -> None:
     os.replace(tmp, final)
 
 
-def test_safetensors_atomic_replace_and_safe_open(store, tmp_path):
+def test_safetensors_atomic_replace_and_safe_open(store_path, tmp_path):
     model = make_model(2)
     sd = {k: v.clone().contiguous() for k, v in model.state_dict().items()}
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         d = m / "hf-model"
         d.mkdir()
         final = d / "model.safetensors"
@@ -162,14 +162,14 @@ def test_safetensors_atomic_replace_and_safe_open(store, tmp_path):
 # -- 3. numpy ------------------------------------------------------------------------------------
 
 
-def test_numpy_save_load_mmap(store, tmp_path):
+def test_numpy_save_load_mmap(store_path, tmp_path):
     rng = np.random.default_rng(3)
     arrays = {
         "weights.npy": rng.standard_normal((1024, 2048), dtype=np.float32),  # 8 MB
         "ids.npy": rng.integers(0, 1 << 40, size=300_000, dtype=np.int64),
         "half.npy": rng.standard_normal((333, 777)).astype(np.float16),  # odd size
     }
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         for name, a in arrays.items():
             np.save(m / name, a)
         for name, a in arrays.items():
@@ -209,7 +209,7 @@ def hf_rotate(out: Path, keep: int) -> list[str]:
     return [os.path.basename(c) for c in ckpts[:-keep]]
 
 
-def test_hf_trainer_like_rotation_snapshots_dedup(store, tmp_path):
+def test_hf_trainer_like_rotation_snapshots_dedup(store_path, tmp_path):
     model = make_model(4)
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith("head."))  # frozen backbone: only the head trains
@@ -227,7 +227,7 @@ def test_hf_trainer_like_rotation_snapshots_dedup(store, tmp_path):
     dir_mtime: dict[str, int] = {}
     live_after: dict[int, list[str]] = {}  # step -> checkpoint dirs in the live tree (= snapshot step-N)
     log_history: list = []
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         out = m / "out"
         out.mkdir()
         for n in range(1, 7):
@@ -277,7 +277,7 @@ def test_hf_trainer_like_rotation_snapshots_dedup(store, tmp_path):
         assert set(torch.load(old / "optimizer.pt", weights_only=True)["state"]) == {0, 1}
         release_mappings()
 
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         st = s.stats()
         assert st["snapshots"] == 6
         assert st["stored_bytes"] < 0.5 * st["logical_bytes"], st
@@ -309,13 +309,13 @@ def lightning_link(filepath: Path, linkpath: Path) -> None:
     os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
 
 
-def test_lightning_like_move_and_last_symlink(store, tmp_path):
+def test_lightning_like_move_and_last_symlink(store_path, tmp_path):
     staging = tmp_path / "staging"  # on the test's own filesystem, not the mount
     staging.mkdir()
     model = make_model(5)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     saved = {}
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         assert os.stat(staging).st_dev != os.stat(m).st_dev
         ckdir = m / "lightning_logs" / "version_0" / "checkpoints"
         ckdir.mkdir(parents=True)
@@ -355,7 +355,7 @@ def test_lightning_like_move_and_last_symlink(store, tmp_path):
 # -- 6. torch.distributed.checkpoint in one process -------------------------------------------------
 
 
-def test_distributed_checkpoint_single_process(store, tmp_path):
+def test_distributed_checkpoint_single_process(store_path, tmp_path):
     import torch.distributed.checkpoint as dcp
 
     model = make_model(6)
@@ -366,7 +366,7 @@ def test_distributed_checkpoint_single_process(store, tmp_path):
              "optim": {f"{k}.{s}": v.clone() for k, st in opt.state_dict()["state"].items()
                        for s, v in st.items()},
              "extra": {"step": 7, "note": "hello"}}
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         ckdir = m / "dcp" / "step-7"
         ckdir.parent.mkdir()
         with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming single process"
@@ -385,16 +385,16 @@ def test_distributed_checkpoint_single_process(store, tmp_path):
 # -- 7. unchanged re-save stores nothing new -------------------------------------------------------
 
 
-def test_unchanged_resave_adds_no_stored_bytes(store, tmp_path):
+def test_unchanged_resave_adds_no_stored_bytes(store_path, tmp_path):
     model = make_model(7)
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "ck").mkdir()
         torch.save(sd, m / "ck" / "model.pt")
         save_file(sd, str(m / "ck" / "model.safetensors"))
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         before = s.stats()
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         pt_size = os.path.getsize(m / "ck" / "model.pt")
         st_size = os.path.getsize(m / "ck" / "model.safetensors")
         torch.save(sd, m / "ck" / "model.pt")  # same path, O_TRUNC rewrite
@@ -402,7 +402,7 @@ def test_unchanged_resave_adds_no_stored_bytes(store, tmp_path):
         (m / "ck2").mkdir()
         torch.save(sd, m / "ck2" / "model.pt")  # a new file with the same bytes
         assert sha(m / "ck" / "model.pt") == sha(m / "ck2" / "model.pt")
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         after = s.stats()
         assert after["stored_bytes"] == before["stored_bytes"], (before, after)
         assert after["chunks"] == before["chunks"]
@@ -416,18 +416,18 @@ def test_unchanged_resave_adds_no_stored_bytes(store, tmp_path):
         assert after["logical_bytes"] >= before["logical_bytes"] + 2 * pt_size + st_size  # exact: see the next test
 
 
-def test_unchanged_resave_counts_each_save_once_in_logical_bytes(store, tmp_path):
+def test_unchanged_resave_counts_each_save_once_in_logical_bytes(store_path, tmp_path):
     """logical_bytes is what was saved: re-saving a checkpoint adds its size once, not twice
     (the kernel's mtime SETATTR before FLUSH makes a metadata-only version of the old body)."""
     sd = {k: v.contiguous() for k, v in make_model(8).state_dict().items()}
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         torch.save(sd, m / "model.pt")
         size = os.path.getsize(m / "model.pt")
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         assert s.stats()["logical_bytes"] == size
-    with mounted(store, tmp_path / "mnt") as m:
+    with mounted(store_path, tmp_path / "mnt") as m:
         torch.save(sd, m / "model.pt")  # the same bytes again, O_TRUNC
-    with Store.open(store) as s:
+    with Store.open(store_path) as s:
         st = s.stats()
         assert st["stored_bytes"] == size
         assert st["logical_bytes"] == 2 * size, st

@@ -15,8 +15,8 @@ from typing import IO
 
 import pytest
 
-from mountutil import cowfs, mounted, store  # noqa: F401 (store is a fixture)
-from storeutil import data
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import data
 
 pytestmark = pytest.mark.mount
 CLI = [sys.executable, "-m", "cowfs.cli"]
@@ -85,11 +85,11 @@ print(time.time(), flush=True)
 """
 
 
-def test_watch_pushes_versions_from_another_process_within_a_second(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_watch_pushes_versions_from_another_process_within_a_second(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "run").mkdir()
         (m / "other").mkdir()
-        everything, run_only = Watcher(m), Watcher(store, "/run")
+        everything, run_only = Watcher(m), Watcher(store_path, "/run")
         try:
             _subscribed(m, everything, run_only)
             w = subprocess.run([sys.executable, "-c", WRITER, str(m / "run" / "model.pt"), str(m / "run" / "model.tmp"),
@@ -122,13 +122,13 @@ def test_watch_pushes_versions_from_another_process_within_a_second(store, tmp_p
         run_only.stop()
 
 
-def test_watch_needs_a_mounted_store(store):
-    r = cowfs("watch", str(store), check=False)
+def test_watch_needs_a_mounted_store(store_path):
+    r = cowfs("watch", str(store_path), check=False)
     assert r.returncode == 2 and b"not mounted" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_diff_mounted_and_unmounted_agree(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_diff_mounted_and_unmounted_agree(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         (m / "run").mkdir()
         body = data(2_000_000, 4)
         (m / "run" / "model.pt").write_bytes(body)
@@ -140,7 +140,7 @@ def test_diff_mounted_and_unmounted_agree(store, tmp_path):
         (m / "run" / "checkpoint-2" / "copy.pt").write_bytes(body)
         mounted_out = json.loads(cowfs("diff", str(m), "a", "--json").stdout)
         table = cowfs("diff", str(m), "a").stdout.decode()
-    unmounted_out = json.loads(cowfs("diff", str(store), "a", "@live", "--json").stdout)
+    unmounted_out = json.loads(cowfs("diff", str(store_path), "a", "@live", "--json").stdout)
     assert mounted_out == unmounted_out
     changes = {e["path"]: e for e in mounted_out["entries"]}
     assert changes["/run/old.pt"]["change"] == "removed"
@@ -149,12 +149,12 @@ def test_diff_mounted_and_unmounted_agree(store, tmp_path):
     assert changes["/run/model.pt"]["change"] == "changed" and changes["/run/model.pt"]["shared_bytes"] > 1_500_000
     assert mounted_out["summary"]["added"] == 2 and mounted_out["summary"]["removed"] == 1
     assert "M  /run/model.pt" in table and "D  /run/old.pt" in table and "A  /run/checkpoint-2/" in table
-    r = cowfs("diff", str(store), "a", "nope", check=False)
+    r = cowfs("diff", str(store_path), "a", "nope", check=False)
     assert r.returncode == 2 and b"no snapshot named 'nope'" in r.stderr
 
 
-def test_fsck_while_mounted_and_written(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_fsck_while_mounted_and_written(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         stop = threading.Event()
         errors: list[BaseException] = []
 
@@ -179,7 +179,7 @@ def test_fsck_while_mounted_and_written(store, tmp_path):
             stop.set()
             writer.join(60)
         assert not errors
-        r = cowfs("fsck", str(store), "--repair", check=False)
+        r = cowfs("fsck", str(store_path), "--repair", check=False)
         assert r.returncode == 2 and b"unmount it to run fsck --repair" in r.stderr
 
 
@@ -204,8 +204,8 @@ def _run_on_a_terminal(*args: str) -> tuple[int, str]:
         os.close(master)
 
 
-def test_progress_bars_on_a_terminal_only(store, tmp_path):
-    with mounted(store, tmp_path / "mnt") as m:
+def test_progress_bars_on_a_terminal_only(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
         for i in range(4):
             (m / f"f{i}.bin").write_bytes(data(2_000_000, i))
         cowfs("snapshot", "create", str(m), "s")
@@ -214,12 +214,12 @@ def test_progress_bars_on_a_terminal_only(store, tmp_path):
         code, shown = _run_on_a_terminal("fsck", str(m))
         assert code == 0 and "fsck [" in shown and "100%" in shown
         assert b"[" not in cowfs("fsck", str(m)).stderr  # not a terminal: no bar
-    cowfs("snapshot", "delete", str(store), "s")
-    code, shown = _run_on_a_terminal("prune", str(store), "--keep-last", "1")
+    cowfs("snapshot", "delete", str(store_path), "s")
+    code, shown = _run_on_a_terminal("prune", str(store_path), "--keep-last", "1")
     assert code == 0
-    code, shown = _run_on_a_terminal("gc", str(store))
+    code, shown = _run_on_a_terminal("gc", str(store_path))
     assert code == 0 and "gc [" in shown and "100%" in shown
-    code, shown = _run_on_a_terminal("fsck", str(store))
+    code, shown = _run_on_a_terminal("fsck", str(store_path))
     assert code == 0 and "fsck [" in shown
 
 
@@ -232,9 +232,9 @@ def test_progress_bars_on_a_terminal_only(store, tmp_path):
     ("watch", "{missing}"),
     ("watch", "{tmp}"),
 ])
-def test_diff_and_watch_bad_input(store, tmp_path, args):
+def test_diff_and_watch_bad_input(store_path, tmp_path, args):
     (tmp_path / "plain").mkdir()
-    fill = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path / "plain"), "store": str(store)}
+    fill = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path / "plain"), "store": str(store_path)}
     r = cowfs(*(a.format(**fill) for a in args), check=False)
     err = r.stderr.decode()
     assert r.returncode == 2 and err.startswith("cowfs: ") and len(err.strip().splitlines()) == 1, err

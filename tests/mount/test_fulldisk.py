@@ -15,7 +15,6 @@ import errno
 import io
 import json
 import os
-import random
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -27,8 +26,8 @@ import torch
 from cowfs.errors import NoSpace
 from cowfs.store import ROOT_INO, Store
 
-from mountutil import cowfs, daemon_pid, mounted
-from storeutil import assert_clean, data
+from tests.support.mountutil import cowfs, daemon_pid, mounted
+from tests.support.storeutil import assert_clean, data
 
 pytestmark = pytest.mark.mount
 
