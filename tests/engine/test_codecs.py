@@ -1,0 +1,103 @@
+"""Chunk encodings (cowfs/store/codecs.py): every encoding decodes to the exact raw bytes, a
+piece that does not shrink stays raw, deltas need their base, and damage is CorruptData."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cowfs.errors import CorruptData
+from cowfs.store.codecs import (
+    CODEC_GROUPED, CODEC_RAW, CODEC_XOR, ID_SIZE, base_of, decode, encode_delta, encode_whole, xor_bytes,
+)
+
+
+def weights(n: int, seed: int, dtype: type = np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.02, n).astype(dtype)
+
+
+def bf16(a: np.ndarray) -> bytes:
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def no_base(_id: bytes) -> bytes:
+    raise AssertionError("a whole encoding asked for a base")
+
+
+def test_float_pieces_are_grouped_and_shrink() -> None:
+    raw = bf16(weights(1 << 18, 1))
+    enc = encode_whole(raw, 2)
+    assert enc.codec == CODEC_GROUPED and enc.stored_len < 0.85 * len(raw)
+    assert bytes(decode(enc.codec, enc.payload, len(raw), no_base)) == raw
+
+
+def test_random_bytes_stay_raw() -> None:
+    raw = os.urandom(1 << 16)
+    enc = encode_whole(raw, 4)
+    assert enc.codec == CODEC_RAW and enc.payload == raw
+    assert bytes(decode(CODEC_RAW, raw, len(raw), no_base)) == raw
+
+
+def test_delta_against_the_previous_version_is_smaller_and_exact() -> None:
+    old = weights(1 << 18, 2)
+    new = old + np.random.default_rng(3).normal(0, 1e-5, old.shape).astype(np.float32)
+    base, raw = bf16(old), bf16(new)
+    base_id = b"b" * ID_SIZE
+    enc = encode_delta(raw, 2, base_id, base)
+    assert enc.codec == CODEC_XOR and enc.base == base_id and base_of(enc.codec, enc.payload) == base_id
+    assert enc.stored_len < encode_whole(raw, 2).stored_len
+    asked: list[bytes] = []
+    out = decode(enc.codec, enc.payload, len(raw), lambda i: asked.append(i) or base)
+    assert bytes(out) == raw and asked == [base_id]
+
+
+def test_a_base_that_shares_nothing_gives_the_whole_encoding() -> None:
+    raw = bf16(weights(1 << 16, 4))
+    enc = encode_delta(raw, 2, b"x" * ID_SIZE, os.urandom(len(raw)))
+    assert enc.codec == CODEC_GROUPED and enc.base is None
+
+
+def test_a_delta_chain_decodes_through_every_base() -> None:
+    versions = [weights(1 << 14, 5)]
+    for k in range(3):
+        versions.append(versions[-1] + np.float32(1e-4) * (k + 1))
+    raws = [v.tobytes() for v in versions]
+    ids = [bytes([k]) * ID_SIZE for k in range(len(raws))]
+    stored = {ids[-1]: encode_whole(raws[-1], 4)}  # the newest whole, older ones against the next newer
+    for k in range(len(raws) - 1):
+        stored[ids[k]] = encode_delta(raws[k], 4, ids[k + 1], raws[k + 1])
+
+    def raw_of(cid: bytes) -> bytes:
+        e = stored[cid]
+        return bytes(decode(e.codec, e.payload, len(raws[0]), raw_of))
+
+    assert [raw_of(i) for i in ids] == raws
+
+
+def test_damage_is_corrupt_data() -> None:
+    raw = bf16(weights(1 << 16, 6))
+    enc = encode_whole(raw, 2)
+    with pytest.raises(CorruptData):
+        decode(enc.codec, enc.payload[:20], len(raw), no_base)
+    with pytest.raises(CorruptData):
+        decode(enc.codec, enc.payload, len(raw) + 2, no_base)
+    with pytest.raises(CorruptData):
+        decode(CODEC_RAW, raw[:-1], len(raw), no_base)
+    with pytest.raises(CorruptData):
+        decode(9, enc.payload, len(raw), no_base)
+    with pytest.raises(CorruptData, match="base"):  # a base of another length
+        decode(CODEC_XOR, b"d" * ID_SIZE + enc.payload, len(raw), lambda _i: raw[:-2])
+    with pytest.raises(CorruptData):
+        decode(CODEC_XOR, b"short", len(raw), no_base)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=0, max_size=3000), st.binary(min_size=0, max_size=3000), st.sampled_from([1, 2, 4, 8, 3]))
+def test_every_encoding_round_trips(a: bytes, b: bytes, elem: int) -> None:
+    n = min(len(a), len(b))
+    raw, base = a[:n], b[:n]
+    assert bytes(xor_bytes(xor_bytes(raw, base), base)) == raw
+    for enc in (encode_whole(raw, elem), encode_delta(raw, elem, b"i" * ID_SIZE, base)):
+        assert bytes(decode(enc.codec, enc.payload, n, lambda _i: base)) == raw
