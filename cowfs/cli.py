@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from .control import Target, store_of
@@ -52,6 +53,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from .store.upgrade import upgrade
+
+    before, after = upgrade(Path(args.store).absolute())
+    print(f"{args.store}: format version {after}" + (f" (upgraded from {before})" if before != after else " already"))
+    return 0
+
+
 def cmd_fsck(args: argparse.Namespace) -> int:
     try:
         target = Target(args.store)
@@ -85,8 +94,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
     else:
         for key, value in stats.items():
+            if isinstance(value, dict):  # per codec: chunks, unique and stored bytes
+                for name, c in value.items():
+                    print(f"{'codec ' + name:18} {c['chunks']} chunks, {human_bytes(c['unique_bytes'])} "
+                          f"stored in {human_bytes(c['stored_bytes'])}")
+                continue
             shown = human_bytes(value) if key.endswith("_bytes") else value
-            print(f"{key:16} {shown}")
+            print(f"{key:18} {shown}")
     return 0
 
 
@@ -109,6 +123,21 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        r = t.call("compact", progress=_progress("compact", human_bytes))
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"compact: {r['recut']} of {r['bodies']} files re-cut ({human_bytes(r['logical_bytes'])}), "
+          f"{r['pieces']} tensor pieces, {r['new_chunks']} stored anew, {r['deltas']} turned into deltas; "
+          f"stored {human_bytes(r['stored_bytes_before'])} -> {human_bytes(r['stored_bytes'])} "
+          f"of {human_bytes(r['logical_bytes_total'])} logical in {r['seconds']:.2f}s (gc gives back the old records)")
+    for e in r["errors"]:
+        print(f"warning: {e}", file=sys.stderr)
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         r = t.call("gc", progress=_progress("gc"))
@@ -124,15 +153,17 @@ def cmd_log(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         versions = t.call("log", path=args.path)
     rows = [
-        {"generation": v["generation"], "time": _time(v["time_ns"]), "size": v["size"], "added_bytes": v["added_bytes"], "current": v["current"]}
+        {"generation": v["generation"], "time": _time(v["time_ns"]), "size": v["size"], "added_bytes": v["added_bytes"],
+         "added_stored_bytes": v["added_stored_bytes"], "current": v["current"]}
         for v in versions
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'GENERATION':>10}  {'TIME':20}  {'SIZE':>12}  {'ADDED':>12}")
+        print(f"{'GENERATION':>10}  {'TIME':20}  {'SIZE':>12}  {'ADDED':>12}  {'STORED':>12}")
         for r in rows:
-            print(f"{r['generation']:>10}  {r['time']:20}  {r['size']:>12}  {r['added_bytes']:>12}{'  (current)' if r['current'] else ''}")
+            print(f"{r['generation']:>10}  {r['time']:20}  {r['size']:>12}  {r['added_bytes']:>12}"
+                  f"  {r['added_stored_bytes']:>12}{'  (current)' if r['current'] else ''}")
     return 0
 
 
@@ -251,7 +282,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from .fs.mount import mount
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
-                 auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache)
+                 auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
+                 compact_idle=args.compact_idle)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -285,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segment-size", metavar="SIZE", help="log segment size, e.g. 256M (default 256M, min 4M)")
     s.set_defaults(fn=cmd_init)
 
+    s = sub.add_parser("upgrade", help="upgrade a store made by an older cowfs",
+                       description="Bring STORE (unmounted) to this cowfs's format version, in place.",
+                       epilog="example: cowfs upgrade /nvme/ckpt-store")
+    s.add_argument("store")
+    s.set_defaults(fn=cmd_upgrade)
+
     s = sub.add_parser("mount", help="mount a store", description="Mount STORE on MOUNTPOINT. Returns once the mount is live; "
                        "the daemon runs in the background and logs to STORE/cowfs.log.",
                        epilog="example: cowfs mount /nvme/store /mnt/ckpt --auto-snapshot 10m")
@@ -293,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--foreground", action="store_true", help="stay in the foreground and log to stderr too")
     s.add_argument("--allow-other", action="store_true", help="let other users access the mount (FUSE allow_other)")
     s.add_argument("--auto-snapshot", metavar="DURATION", help="take a snapshot every DURATION (e.g. 10m, 1d12h; at least 1s) when no file is open for writing")
+    s.add_argument("--compact-idle", metavar="DURATION", default="30s",
+                   help="compact committed files (see `cowfs compact`) once no file has been open for writing for "
+                   "DURATION (default 30s, at least 1s); 'off' leaves it to `cowfs compact`")
     s.add_argument("--debug", action="store_true", help="log every commit")
     s.add_argument("--writeback-cache", action="store_true",
                    help="let the kernel cache writes and send them back in its own order (off by default: "
@@ -332,6 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     c.add_argument("names", nargs="+", metavar="NAME")
     s.set_defaults(fn=cmd_snapshot)
+
+    s = sub.add_parser("compact", help="store checkpoints as tensor pieces, compressed and delta-encoded",
+                       description="Re-cut every file committed since the last compaction: recognised checkpoint "
+                       "formats (safetensors, torch.save, .distcp, .npy) into tensor pieces, stored byte-grouped and "
+                       "compressed, older pieces as deltas against a keyframe of the same tensor. Reads return the same "
+                       "bytes; the records it replaces are given back by gc. The daemon also does this when idle.",
+                       epilog="example: cowfs compact /mnt/ckpt && cowfs gc /mnt/ckpt")
+    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_compact)
 
     s = sub.add_parser("gc", help="reclaim space", description="Delete chunks that no retained version uses and give their space back to the device.",
                        epilog="example: cowfs gc /mnt/ckpt")

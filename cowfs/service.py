@@ -14,7 +14,7 @@ from .units import duration_ns
 
 
 Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
-WITH_PROGRESS = frozenset({"gc", "fsck", "prune"})
+WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact"})
 
 
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:
@@ -52,6 +52,18 @@ def gc(store: Store, progress: Progress | None = None) -> dict[str, Any]:
             "physical_bytes": r.physical_after, "seconds": round(r.seconds, 3)}
 
 
+def compact(store: Store, progress: Progress | None = None) -> dict[str, Any]:
+    """Re-cut and encode every body not compacted yet (docs/cli.md lists the keys)."""
+    before = store.stats()
+    r = store.compact(progress)
+    after = store.stats()
+    return {"bodies": r.bodies, "recut": r.recut, "logical_bytes": r.logical_bytes, "pieces": r.pieces,
+            "new_chunks": r.new_chunks, "new_stored_bytes": r.new_stored_bytes, "deltas": r.deltas,
+            "delta_saved_bytes": r.delta_saved_bytes, "stored_bytes_before": before["stored_bytes"],
+            "stored_bytes": after["stored_bytes"], "logical_bytes_total": after["logical_bytes"],
+            "errors": r.errors, "seconds": round(r.seconds, 3)}
+
+
 def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Check (and with `repair`, fix, then check again). Keys are documented in docs/cli.md."""
     report = store.fsck(repair=repair, progress=progress)
@@ -72,7 +84,7 @@ def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -
 def log(store: Store, path: str) -> list[dict[str, Any]]:
     return [
         {"generation": v.birth_gen, "time_ns": v.time_ns, "size": v.size, "added_bytes": v.added_bytes,
-         "current": v.death_gen is None}
+         "added_stored_bytes": v.added_stored_bytes, "current": v.death_gen is None}
         for v in store.history(path)
     ]
 
@@ -171,6 +183,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "snapshot_list": snapshot_list,
     "snapshot_delete": snapshot_delete,
     "gc": gc,
+    "compact": compact,
     "fsck": fsck,
     "log": log,
     "ls": ls,

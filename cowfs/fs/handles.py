@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -51,6 +52,11 @@ class HandleTable:
         # waits while an auto-snapshot is being taken (auto_snapshot_done is then set).
         self.creating = 0
         self.auto_snapshot_done: trio.Event | None = None
+        # for the idle compactor (idle_compaction.py): when the last writable handle closed,
+        # and how many have closed (compacted_seq: how many the last full compaction had seen)
+        self.last_write_end = time.monotonic()
+        self.write_seq = 0
+        self.compacted_seq = -1  # a store mounted with files never compacted: look once
 
     def open_reader(self, fuse_ino: int, store_ino: int, reader: FileReader) -> OpenFile:
         f = OpenFile(next(self._ids), fuse_ino, store_ino, False, reader=reader)
@@ -86,6 +92,8 @@ class HandleTable:
         f = self.files.pop(fh)
         last = None
         if f.shared is not None:
+            self.last_write_end = time.monotonic()
+            self.write_seq += 1
             f.shared.handles.discard(fh)
             if not f.shared.handles:
                 self.sessions.pop(f.store_ino, None)

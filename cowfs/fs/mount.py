@@ -31,10 +31,12 @@ from ..units import parse_duration
 from .control_server import serve_control
 from .openers import mount_id
 from .dispatch import in_thread
+from .idle_compaction import compact_when_idle
 from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
+DEFAULT_COMPACT_IDLE = "30s"  # compact once no file has been open for writing this long
 READ_AHEAD_KIB = 4096  # the kernel's FUSE default is 128 KiB; measured in docs/benchmarks.md
 
 
@@ -109,7 +111,8 @@ async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
             done.set()
 
 
-async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None, ready_fd: int | None) -> None:
+async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None, ready_fd: int | None,
+                 compact_idle: float | None) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -132,6 +135,8 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | 
             os.close(ready_fd)
         if auto_snapshot:
             nursery.start_soon(_auto_snapshot, ops, auto_snapshot)
+        if compact_idle is not None:
+            nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(_tune_readahead, mountpoint)
         await pyfuse3.main()
         await ops.commit_all()
@@ -164,7 +169,7 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
 
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
-               writeback_cache: bool = False) -> int:
+               writeback_cache: bool = False, compact_idle: float | None = None) -> int:
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd."""
     store = Store.open(store_path)
     try:
@@ -180,7 +185,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
         try:
-            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd)
+            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)
@@ -190,16 +195,20 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
 
 
 def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
-          auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool = False) -> int:
+          auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool = False,
+          compact_idle: str = DEFAULT_COMPACT_IDLE) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
     interval = parse_duration(auto_snapshot) if auto_snapshot else None
     if interval is not None and interval < 1:
         raise MountError("the auto-snapshot interval must be at least 1s")
+    idle = None if compact_idle == "off" else parse_duration(compact_idle)
+    if idle is not None and idle < 1:
+        raise MountError("the compaction idle time must be at least 1s (or off)")
     check_mount_inputs(store_path, mnt)
     if foreground:
         return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
-                          writeback_cache=writeback_cache)
+                          writeback_cache=writeback_cache, compact_idle=idle)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -211,7 +220,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         code = 0
         try:
             run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
-                       debug=debug, ready_fd=w, writeback_cache=writeback_cache)
+                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle)
         except BaseException as e:  # tell the parent, in one line
             code = 2
             try:

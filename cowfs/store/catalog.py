@@ -140,9 +140,22 @@ def _copy_table(conn: sqlite3.Connection, name: str, sql: str) -> str | None:
     return None
 
 
+RESERVE_SUFFIX = ".reserve"
+RESERVE_MIN, RESERVE_MAX = 1 << 20, 64 << 20  # the reserve: 1% of the device, within these bounds
+# changes that give space back, or that a user makes to give it back (delete a snapshot or a
+# file, expire history): on a full device they may use the reserve
+FREEING_OPS = frozenset({"gc", "expire", "snapshot-delete", "unlink", "rmdir", "repair"})
+
+
 class Catalog:
+    """The SQLite catalog. Beside it lies `catalog.db.reserve`, 1% of the device's size (1 to 64
+    MiB) allocated while there is room: when the device is full, a change that frees space (FREEING_OPS) that fails
+    for lack of room gives the reserve back to the file system and is tried once more, so a
+    full store can always be pruned; gc allocates the reserve again (`refill_reserve`)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.reserve = path.with_name(path.name + RESERVE_SUFFIX)
         if not path.is_file():
             raise StoreError(f"{path.parent}: catalog {path.name} is missing")
         if not os.access(path, os.R_OK | os.W_OK):  # SQLite would open it read-only and fail at the first write
@@ -165,6 +178,33 @@ class Catalog:
             raise StoreError(f"{path}: catalog schema version {version and version[0]} is not supported")
         self._thread = threading.Thread(target=self._run, name="cowfs-catalog", daemon=True)
         self._thread.start()
+        self.refill_reserve()
+
+    def refill_reserve(self) -> bool:
+        """Allocate the reserve if it is missing or short and there is room; True if it is whole."""
+        try:
+            fd = os.open(self.reserve, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            st = os.statvfs(self.reserve)
+            want = min(max(st.f_blocks * st.f_frsize // 100, RESERVE_MIN), RESERVE_MAX)
+            if os.fstat(fd).st_blocks * 512 >= want:
+                return True
+            os.posix_fallocate(fd, 0, want)
+            os.fsync(fd)
+            return True
+        except OSError:  # no room (yet): keep what is allocated
+            return False
+        finally:
+            os.close(fd)
+
+    def _release_reserve(self) -> bool:
+        try:
+            self.reserve.unlink()
+            return True
+        except FileNotFoundError:
+            return False
 
     # -- writer thread ------------------------------------------------------
 
@@ -205,12 +245,16 @@ class Catalog:
                 raise
             return result
 
-        try:
-            return self._submit(run)
-        except sqlite3.DatabaseError as e:
-            if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:  # rolled back: nothing changed
-                raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
-            raise damaged(self.path, e) or e from None
+        for attempt in (1, 2):
+            try:
+                return self._submit(run)
+            except sqlite3.DatabaseError as e:
+                if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+                    raise damaged(self.path, e) or e from None
+                # rolled back: nothing changed
+                if attempt == 2 or op not in FREEING_OPS or not self._release_reserve():
+                    raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
+        raise AssertionError("unreachable")
 
     def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) on the writer thread without opening a transaction."""

@@ -24,10 +24,8 @@ import blosc2
 import numpy as np
 
 from ..errors import CorruptData
+from .records import CODEC_GROUPED, CODEC_RAW, CODEC_XOR
 
-CODEC_RAW = 0
-CODEC_GROUPED = 1
-CODEC_XOR = 2
 CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor"}
 ID_SIZE = 32
 MAX_CHAIN = 4  # pieces a read of one piece may touch: itself and up to 3 bases

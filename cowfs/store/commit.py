@@ -15,7 +15,7 @@ from .catalog import Txn
 from .content import Extent
 from .events import Event
 from .history import added_bytes
-from .log import Location
+from .log import LOCATION_COLS, Location, location
 from .namespace import Attr
 
 _IN_BATCH = 500  # SQLite's bound on host parameters is 999 in old builds
@@ -35,16 +35,16 @@ def commit_version(txn: Txn, ino: int, size: int, mtime_ns: int | None,
         if e.chunk is not None and e.loc is not None:
             locs.setdefault(e.chunk, e.loc)
     txn.conn.executemany(
-        "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, first_gen) VALUES (?,?,?,?,?,?)",
-        [(h, l.seg_id, l.offset, l.stored_len, l.stored_len, txn.gen) for h, l in locs.items()],
+        "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, codec, first_gen) VALUES (?,?,?,?,?,?,?)",
+        [(h, l.seg_id, l.offset, l.stored_len, l.length, l.codec, txn.gen) for h, l in locs.items()],
     )
     cids: dict[bytes, tuple[int, Location]] = {}
     hashes = list(locs)
     for i in range(0, len(hashes), _IN_BATCH):
         part = hashes[i:i + _IN_BATCH]
-        q = "SELECT hash, cid, seg_id, offset, stored_len FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
-        for h, cid, seg, off, n in txn.execute(q, part):
-            cids[bytes(h)] = (cid, Location(seg, off, n))
+        q = f"SELECT hash, cid, {LOCATION_COLS} FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
+        for h, cid, *loc in txn.execute(q, part):
+            cids[bytes(h)] = (cid, location(*loc))
     content_id = int(txn.execute("INSERT INTO contents(size) VALUES (?)", (size,)).lastrowid)
     stored: list[Extent] = []
     rows = []

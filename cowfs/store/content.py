@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import CorruptData
-from .log import Location
+from .log import Location, location
 
 
 @dataclass(frozen=True)
@@ -44,19 +44,19 @@ def load_extents(conn: sqlite3.Connection, content_id: int | None, version: Vers
     if content_id is None:
         return []
     rows = conn.execute(
-        "SELECT e.file_offset, e.length, e.cid, c.hash, c.seg_id, c.offset, c.stored_len"
+        "SELECT e.file_offset, e.length, e.cid, c.hash, c.seg_id, c.offset, c.stored_len, c.codec, c.raw_len"
         " FROM extents e LEFT JOIN chunks c ON c.cid = e.cid"
         " WHERE e.content_id = ? ORDER BY e.file_offset",
         (content_id,),
     ).fetchall()
     out = []
-    for off, length, cid, h, seg, roff, stored in rows:
+    for off, length, cid, h, seg, roff, stored, codec, raw_len in rows:
         if h is None:
             if cid is not None and version is not None:
                 raise _corrupt(version, f"chunk {cid} of its extent at offset {off} is missing from the catalog")
             out.append(Extent(off, length, None, None))
         else:
-            out.append(Extent(off, length, bytes(h), Location(seg, roff, stored)))
+            out.append(Extent(off, length, bytes(h), location(seg, roff, stored, codec, raw_len)))
     if version is not None:
         size = conn.execute("SELECT size FROM contents WHERE content_id=?", (content_id,)).fetchone()
         pos = 0

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Callable
 
 import blake3
 
-from ..errors import CorruptCatalog, StoreError
+from ..errors import CorruptCatalog, CorruptData, StoreError
 from . import namespace as ns
 from .catalog import Txn, rebuild_catalog
 from .device import round_up
 from .layout import CATALOG_FILE, segment_path
-from .log import Location
-from .records import DATA_START, RecordError, decode_segment_header, record_span, scan_records
+from .codecs import base_of
+from .log import Location, location
+from .records import CODEC_RAW, CODEC_XOR, DATA_START, RecordError, decode_segment_header, record_span, scan_records
 from .schema import LIVE, ROOT_INO
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def check(store: "Store", repair: bool = False, progress: Callable[[int, int], N
 
 
 def _checked_scan(store: "Store", report: FsckReport, progress: Callable[[int, int], None] | None,
-                  ) -> tuple[dict[int, str], dict[bytes, tuple[int, int, int]]]:
+                  ) -> tuple[dict[int, str], dict[bytes, Location]]:
     try:
         return store.catalog.read(lambda conn: _scan(store, conn, report, progress))
     except CorruptCatalog as e:
@@ -124,21 +125,21 @@ def _rebuild_catalog(store: "Store", report: FsckReport) -> bool:
 
 
 def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress: Callable[[int, int], None] | None,
-          ) -> tuple[dict[int, str], dict[bytes, tuple[int, int, int]]]:
+          ) -> tuple[dict[int, str], dict[bytes, Location]]:
     integrity = [r[0] for r in conn.execute("PRAGMA quick_check(5)")]
     if integrity != ["ok"]:
         lines = [line for msg in integrity for line in msg.splitlines() if not line.startswith("***")]
         report.problems.append(Problem("catalog", "SQLite quick_check: " + "; ".join(lines)))
 
     bad_chunks: dict[int, str] = {}  # cid -> why
-    intact_copies: dict[bytes, tuple[int, int, int]] = {}  # hash -> (seg, offset, stored_len) of an intact record
+    intact_copies: dict[bytes, Location] = {}  # hash -> an intact record of it
     segs = conn.execute("SELECT seg_id, committed_end FROM segments ORDER BY seg_id").fetchall()
     total = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
     done = 0
     for seg_id, committed_end in segs:
         rows = conn.execute(
-            "SELECT cid, hash, offset, stored_len FROM chunks WHERE seg_id=? ORDER BY offset", (seg_id,)
-        ).fetchall()
+            "SELECT cid, hash, offset, stored_len, codec, raw_len, base_cid FROM chunks WHERE seg_id=? ORDER BY offset",
+            (seg_id,)).fetchall()
         path = segment_path(store.root, seg_id)
         if not path.exists():
             for cid, *_ in rows:
@@ -157,10 +158,11 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
             records = {r.offset: r for r in scan_records(image, DATA_START)}
             for r in records.values():
                 if r.header is not None and r.payload_ok:
-                    intact_copies.setdefault(r.header.chunk_id, (seg_id, r.offset, r.header.stored_len))
+                    intact_copies.setdefault(r.header.chunk_id, location(
+                        seg_id, r.offset, r.header.stored_len, r.header.codec, r.header.raw_len))
             referenced = set()
             prev_end = 0
-            for cid, h, off, n in rows:
+            for cid, h, off, n, codec, raw_len, base_cid in rows:
                 h = bytes(h)
                 referenced.add(off)
                 rec = records.get(off)
@@ -173,12 +175,13 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
                     why = why or "no valid record header at its location"
                 elif rec.header.chunk_id != h or rec.header.stored_len != n:
                     why = "record at its location holds another chunk"
+                elif rec.header.codec != codec or (codec != CODEC_RAW and rec.header.raw_len != raw_len):
+                    why = "record's encoding differs from the catalog's"
                 elif not rec.payload_ok:
                     why = "payload checksum mismatch"
                 else:
-                    payload = image[off + 64: off + 64 + n]
-                    if blake3.blake3(payload).digest() != h:
-                        why = "content hash mismatch"
+                    why = _verify(store, conn, h, location(seg_id, off, n, codec, raw_len), base_cid,
+                                  image[off + 64: off + 64 + n])
                     report.bytes_checked += n
                 if why:
                     bad_chunks[cid] = f"segment {seg_id} offset {off}: {why}"
@@ -215,6 +218,23 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
 
     _check_references(conn, report)
     return bad_chunks, intact_copies
+
+
+def _verify(store: "Store", conn: sqlite3.Connection, h: bytes, loc: Location, base_cid: int | None,
+            payload: memoryview) -> str | None:
+    """Why the record's payload does not decode to chunk `h` (None when it does). A delta is
+    decoded through its bases, which are read and verified too."""
+    if not loc.encoded:
+        return None if blake3.blake3(payload).digest() == h else "content hash mismatch"
+    try:
+        if loc.codec == CODEC_XOR:
+            row = conn.execute("SELECT hash FROM chunks WHERE cid=?", (base_cid,)).fetchone() if base_cid else None
+            if row is None or bytes(row[0]) != base_of(loc.codec, payload):
+                return "a delta whose base is not in the catalog as recorded"
+        raw = store.log.decode(h, loc, payload)
+    except CorruptData as e:
+        return f"does not decode: {e}"
+    return None if blake3.blake3(raw).digest() == h else "content hash mismatch after decoding"
 
 
 # extents that do not start where the previous one of their body ends (or at 0, for the first)
@@ -268,27 +288,30 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
             report.problems.append(Problem("version", f"version {vid} has extents that are not contiguous"))
 
 
-def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, tuple[int, int, int]]) -> None:
+def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, Location]) -> None:
     """Relocate what has an intact copy; drop every version that needs a lost chunk."""
     relocations: dict[int, Location] = {}
+    bases: dict[int, bytes] = {}  # relocated deltas: cid -> their base's id
     conn = store.catalog.reader()
     for cid in bad:
         row = conn.execute("SELECT hash FROM chunks WHERE cid=?", (cid,)).fetchone()
         copy = copies.get(bytes(row[0])) if row else None
         if copy is None:
             continue
-        loc = Location(*copy)
         try:
-            store.log.read_chunk(loc, bytes(row[0]))  # header CRC and BLAKE3
+            store.log.read_chunk(copy, bytes(row[0]))  # header CRC, decoding and BLAKE3
+            if copy.codec == CODEC_XOR:
+                bases[cid] = base_of(copy.codec, store.log.read_payload(copy, bytes(row[0])))  # type: ignore[assignment]
         except Exception:
             continue
-        relocations[cid] = loc
+        relocations[cid] = copy
 
     def fn(txn: Txn) -> list[str]:
         done: list[str] = []
         for cid, loc in relocations.items():
-            txn.execute("UPDATE chunks SET seg_id=?, offset=?, stored_len=?, raw_len=? WHERE cid=?",
-                        (loc.seg_id, loc.offset, loc.stored_len, loc.stored_len, cid))
+            base = txn.execute("SELECT cid FROM chunks WHERE hash=?", (bases[cid],)).fetchone() if cid in bases else None
+            txn.execute("UPDATE chunks SET seg_id=?, offset=?, stored_len=?, raw_len=?, codec=?, base_cid=? WHERE cid=?",
+                        (loc.seg_id, loc.offset, loc.stored_len, loc.length, loc.codec, base[0] if base else None, cid))
             txn.execute("UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", (loc.offset + loc.span, loc.seg_id))
             done.append(f"chunk cid {cid}: relocated to an intact copy in segment {loc.seg_id} offset {loc.offset}")
         lost = [cid for cid in bad if cid not in relocations]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from .catalog import Txn
 from .device import round_up
 from .layout import segment_path
+from .lineage import forget_dead_pieces
 from .records import DATA_START, record_span
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
     before = store.physical_bytes()
     with store.index.gc_lock:
         pinned, inflight = store.index.protected()
-        open_contents = store.held_contents()
+        open_contents = store.holds.contents()
+        retired = store.holds.retired_in_use()
 
         def fn(txn: Txn) -> tuple[int, int]:
             txn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_keep_content(content_id INTEGER PRIMARY KEY)")
@@ -61,11 +63,18 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
                 "DELETE FROM contents WHERE NOT EXISTS (SELECT 1 FROM versions v WHERE v.content_id = contents.content_id)"
                 " AND content_id NOT IN (SELECT content_id FROM gc_keep_content)"
             )
+            txn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_pinned(hash BLOB PRIMARY KEY)")
+            txn.execute("DELETE FROM gc_pinned")
+            txn.conn.executemany("INSERT OR IGNORE INTO gc_pinned VALUES (?)", [(h,) for h in pinned])
+            # kept: chunks a body uses or a writer pinned, and the delta bases they decode from
             dead = txn.execute(
-                "SELECT cid, hash, stored_len FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM extents e WHERE e.cid = c.cid)"
+                "WITH RECURSIVE keep(cid) AS (SELECT cid FROM extents WHERE cid IS NOT NULL"
+                " UNION SELECT cid FROM chunks WHERE hash IN (SELECT hash FROM gc_pinned)"
+                " UNION SELECT c.base_cid FROM chunks c JOIN keep k ON c.cid = k.cid WHERE c.base_cid IS NOT NULL)"
+                " SELECT cid, stored_len FROM chunks WHERE cid NOT IN (SELECT cid FROM keep)"
             ).fetchall()
-            dead = [(cid, n) for cid, h, n in dead if bytes(h) not in pinned]
             txn.conn.executemany("DELETE FROM chunks WHERE cid=?", [(cid,) for cid, _ in dead])
+            forget_dead_pieces(txn)
             return len(dead), sum(n for _, n in dead)
 
         n_dead, dead_bytes = store.catalog.write(fn, op="gc")
@@ -86,7 +95,9 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
         empty: list[int] = []
         for seg_id, committed_end, live in segments:
             extra = [(off, 0) for (s, off) in inflight if s == seg_id]
-            used = sorted([(off, record_span(n)) for off, n in live] + [(off, _span_of(store, seg_id, off)) for off, _ in extra])
+            used = sorted([(off, record_span(n)) for off, n in live]
+                          + [(off, _span_of(store, seg_id, off)) for off, _ in extra]
+                          + [(off, record_span(n)) for s, off, n in retired if s == seg_id])
             if seg_id == head_id:
                 limit = head_end
             else:
@@ -122,6 +133,7 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
         for seg_id in empty:
             store.log.forget_segment(seg_id)
             segment_path(store.root, seg_id).unlink(missing_ok=True)
+    store.catalog.refill_reserve()  # the catalog's room for freeing changes on a full device
     after = store.physical_bytes()
     return GcReport(n_dead, dead_bytes, len(empty), before, after, time.monotonic() - t0)
 

@@ -18,15 +18,22 @@ class VersionInfo:
     size: int
     mode: int
     added_bytes: int  # bytes of chunks this version's commit stored for the first time
+    added_stored_bytes: int  # the same chunks' record payloads, as encoded now
+
+
+def added(conn: sqlite3.Connection, gen: int, content_id: int) -> tuple[int, int]:
+    """Bytes of the chunks of body `content_id` that the commit at `gen` stored first:
+    (decoded, as stored in their records now)."""
+    raw, stored = conn.execute(
+        "SELECT coalesce(sum(raw_len), 0), coalesce(sum(stored_len), 0) FROM chunks WHERE first_gen=? AND cid IN"
+        " (SELECT cid FROM extents WHERE content_id=?)",
+        (gen, content_id),
+    ).fetchone()
+    return int(raw), int(stored)
 
 
 def added_bytes(conn: sqlite3.Connection, gen: int, content_id: int) -> int:
-    """Bytes of the chunks of body `content_id` that the commit at `gen` stored first."""
-    return int(conn.execute(
-        "SELECT coalesce(sum(raw_len), 0) FROM chunks WHERE first_gen=? AND cid IN"
-        " (SELECT cid FROM extents WHERE content_id=?)",
-        (gen, content_id),
-    ).fetchone()[0])
+    return added(conn, gen, content_id)[0]
 
 
 def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[VersionInfo]:
@@ -44,8 +51,8 @@ def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[Version
     ).fetchall()
     out = []
     for vid, birth, death, t, size, mode, content_id, data_gen in rows:
-        added = added_bytes(conn, data_gen, content_id) if content_id is not None and data_gen == birth else 0
-        out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, added))
+        new, stored = added(conn, data_gen, content_id) if content_id is not None and data_gen == birth else (0, 0)
+        out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, new, stored))
     return out
 
 

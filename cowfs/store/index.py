@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .catalog import Catalog
-from .log import Location
+from .log import LOCATION_COLS, Location, location
 
 
 @dataclass
@@ -43,9 +43,9 @@ class ChunkIndex:
             conn = self._catalog.reader()
             for i in range(0, len(missing), 500):
                 part = missing[i:i + 500]
-                q = "SELECT hash, seg_id, offset, stored_len FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
-                for h, seg, off, n in conn.execute(q, part):
-                    known[bytes(h)] = Location(seg, off, n)
+                q = f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
+                for h, *loc in conn.execute(q, part):
+                    known[bytes(h)] = location(*loc)
         return known
 
     def add_location(self, h: bytes, loc: Location) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 from ..errors import StoreError
 
 FORMAT_NAME = "cowfs-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: encoded records and their catalog columns; `cowfs upgrade` migrates 1
+OLDEST_UPGRADABLE = 1
 CONFIG_FILE = "cowfs-store.json"
 CATALOG_FILE = "catalog.db"
 SEGMENTS_DIR = "segments"
@@ -110,6 +111,9 @@ def read_config(root: Path) -> StoreConfig:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise StoreError(f"{path}: not a cowfs store config")
     version = data.get("format_version")
+    if isinstance(version, int) and OLDEST_UPGRADABLE <= version < FORMAT_VERSION:
+        raise StoreError(f"{root}: store format version {version} is older than this cowfs's ({FORMAT_VERSION}): "
+                         f"run `cowfs upgrade {root}` while it is not mounted")
     if version != FORMAT_VERSION:
         raise StoreError(
             f"{root}: store format version {version} is not supported "

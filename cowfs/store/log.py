@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import CorruptData
+from .codecs import MAX_CHAIN, decode
 from .device import FileSegment, round_up, segment_class
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
+    CODEC_RAW,
     DATA_START,
     HEADER_SIZE,
     RECORD_ALIGN,
@@ -33,15 +35,35 @@ from .records import (
 
 @dataclass(frozen=True)
 class Location:
-    """Where one chunk record lives."""
+    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py)."""
 
     seg_id: int
     offset: int
     stored_len: int
+    codec: int = CODEC_RAW
+    raw_len: int | None = None  # None: a raw record (raw_len = stored_len)
 
     @property
     def span(self) -> int:
         return record_span(self.stored_len)
+
+    @property
+    def length(self) -> int:
+        """Bytes of the chunk itself (what an extent of it covers)."""
+        return self.stored_len if self.raw_len is None else self.raw_len
+
+    @property
+    def encoded(self) -> bool:
+        return self.codec != CODEC_RAW
+
+
+# the chunks columns a Location is built from (Location(*row) after any leading columns)
+LOCATION_COLS = "seg_id, offset, stored_len, codec, raw_len"
+
+
+def location(seg_id: int, offset: int, stored_len: int, codec: int, raw_len: int) -> Location:
+    """A Location from a chunks row (raw records get raw_len None)."""
+    return Location(seg_id, offset, stored_len, codec, None if codec == CODEC_RAW else raw_len)
 
 
 def check_chunk(chunk_id: bytes, data: bytes | memoryview) -> None:
@@ -71,6 +93,7 @@ class Log:
         self._head_end = 0
         self._unsynced: set[int] = set()
         self._ends: dict[int, int] = {}
+        self.locate: Callable[[bytes], Location | None] | None = None  # a chunk id's catalog location (Store sets it)
 
     # -- segments ---------------------------------------------------------
 
@@ -109,8 +132,11 @@ class Log:
     # -- append / read ----------------------------------------------------
 
     def append(self, chunks: Iterable[tuple[bytes, bytes | memoryview]]) -> list[Location]:
-        """Append chunk records (id, raw bytes); one write per segment touched."""
-        items = list(chunks)
+        """Append raw chunk records (id, raw bytes); one write per segment touched."""
+        return self.append_records([(cid, data, len(data), CODEC_RAW) for cid, data in chunks])
+
+    def append_records(self, items: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
+        """Append records (id, payload, raw length, codec); one write per segment touched."""
         locs: list[Location] = []
         with self._lock:
             i = 0
@@ -122,12 +148,12 @@ class Log:
                 parts: list[bytes | memoryview] = []
                 pos = start
                 while i < len(items):
-                    cid, data = items[i]
+                    cid, data, raw_len, codec = items[i]
                     span = record_span(len(data))
                     if pos + span > self._head.size:
                         break
-                    parts.extend(record_parts(cid, data, len(data)))
-                    locs.append(Location(self._head_id, pos, len(data)))
+                    parts.extend(record_parts(cid, data, raw_len, codec))
+                    locs.append(location(self._head_id, pos, len(data), codec, raw_len))
                     pos += span
                     i += 1
                 self._head.write_parts(start, parts)
@@ -136,10 +162,40 @@ class Log:
         return locs
 
     def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
-        """Read and verify one chunk; damaged or missing bytes raise CorruptData."""
+        """Read one chunk, decoded and verified; damaged or missing bytes raise CorruptData."""
+        payload = self.read_payload(loc, chunk_id)
+        if not loc.encoded:
+            return payload
+        raw = self.decode(chunk_id, loc, payload)
+        check_chunk(chunk_id, raw)
+        return memoryview(raw)
+
+    def read_payload(self, loc: Location, chunk_id: bytes) -> memoryview:
+        """A record's payload as stored, its header checked (and a raw payload verified)."""
         dest = memoryview(bytearray(loc.stored_len))
-        self.read_run(loc.seg_id, loc.offset, [(chunk_id, dest)])
+        self.read_run(loc.seg_id, loc.offset, [(chunk_id, dest)], not loc.encoded)
         return dest
+
+    def decode(self, chunk_id: bytes, loc: Location, payload: memoryview, depth: int = 1) -> bytes | memoryview:
+        """The raw bytes of an encoded record's payload (not yet verified against `chunk_id`);
+        a delta's base is found with `locate`, read, decoded and verified, at most
+        MAX_CHAIN records deep."""
+        def base_raw(base_id: bytes) -> bytes | memoryview:
+            if depth >= MAX_CHAIN:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: delta chain longer than {MAX_CHAIN} records")
+            if self.locate is None:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: no catalog to find its base in")
+            base_loc = self.locate(base_id)
+            if base_loc is None:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: its delta base {base_id.hex()[:16]} is missing")
+            base = self.read_payload(base_loc, base_id)
+            if not base_loc.encoded:
+                return base
+            out = self.decode(base_id, base_loc, base, depth + 1)
+            check_chunk(base_id, out)
+            return out
+
+        return decode(loc.codec, payload, loc.length, base_raw)
 
     def will_need(self, seg_id: int, offset: int, length: int) -> None:
         """A hint that these bytes of a segment will be read soon (the device may start reading)."""

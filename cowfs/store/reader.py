@@ -25,11 +25,14 @@ from typing import Callable, Iterator
 from ..errors import CorruptData
 from .buffers import BufferPool
 from .content import Extent, VersionId, find_extent
+from .log import Location
 from .records import MAX_PAYLOAD
 
 # read_run(segment, offset, [(chunk id, destination)], verify): records back to back from offset
 ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], None]
 CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BLAKE3(data) == id
+# decode(chunk id, location, payload): the raw bytes of an encoded record, not yet verified
+Decode = Callable[[bytes, Location, memoryview], "bytes | memoryview"]
 Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
 Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
 
@@ -90,7 +93,7 @@ class FileReader:
     def __init__(self, extents: list[Extent], size: int, read_run: ReadRun, check: CheckChunk,
                  on_close: Callable[[], None] | None = None, version: VersionId | None = None,
                  prefetch: Prefetch | None = None, advise: Advise | None = None,
-                 buffers: BufferPool[bytearray] | None = None) -> None:
+                 buffers: BufferPool[bytearray] | None = None, decode: Decode | None = None) -> None:
         self.extents = extents
         self.size = size
         self.version = version
@@ -100,6 +103,7 @@ class FileReader:
         self._prefetch = prefetch
         self._advise = advise
         self._buffers = buffers
+        self._decode = decode
         self._on_close = on_close
         self._lock = threading.Lock()  # guards the fields below; never held during I/O
         self._windows: dict[int, Future[Window]] = {}
@@ -225,7 +229,7 @@ class FileReader:
         def take(n: int) -> bytearray:
             return pool.take() if pool is not None and n <= pool.size else bytearray(n)
 
-        return read_window(self.extents, self._starts, self.size, self._read_run, lo, hi, take)
+        return read_window(self.extents, self._starts, self.size, self._read_run, lo, hi, take, self._decode)
 
     def _drop(self, f: Future[Window]) -> None:
         """(lock held) A loaded window leaves the reader: recycled now, or by its last user."""
@@ -335,9 +339,9 @@ def record_runs(extents: list[Extent]) -> Iterator[tuple[int, int, int, list[Ext
     for e in extents:
         if e.chunk is None or e.loc is None:
             continue
-        if e.length != e.loc.stored_len or e.length > MAX_PAYLOAD:
+        if e.length != e.loc.length or e.length > MAX_PAYLOAD:
             raise CorruptData(f"chunk {e.chunk.hex()[:16]}: its extent at offset {e.offset} is {e.length} bytes "
-                              f"but its record {e.loc.stored_len} (damaged catalog)")
+                              f"but its record {e.loc.length} (damaged catalog)")
         if not (run and e.loc.seg_id == seg and e.loc.offset == nxt and len(run) < MAX_RUN):
             if run:
                 yield seg, at, nxt - at, run
@@ -349,10 +353,11 @@ def record_runs(extents: list[Extent]) -> Iterator[tuple[int, int, int, list[Ext
 
 
 def read_window(extents: list[Extent], starts: list[int], size: int, read_run: ReadRun, lo: int, hi: int,
-                take: Callable[[int], bytearray] = bytearray) -> Window:
+                take: Callable[[int], bytearray] = bytearray, decode: Decode | None = None) -> Window:
     """The whole chunks covering [lo, hi) read into one buffer (from `take(n)`, which may hold
     old bytes), headers checked, payloads not yet verified (Window.serve does that); holes and
-    bytes no extent covers are zeros."""
+    bytes no extent covers are zeros. An encoded record is read into a buffer of its own and
+    decoded into place (`decode`)."""
     exts, base, top = covering(extents, starts, size, lo, hi)
     buf = memoryview(take(top - base))[:top - base]
     pos = base
@@ -365,6 +370,13 @@ def read_window(extents: list[Extent], starts: list[int], size: int, read_run: R
     if top > pos:
         buf[pos - base:] = bytes(top - pos)
     for seg, at, _n, run in record_runs(exts):
-        read_run(seg, at, [(e.chunk, buf[e.offset - base:e.end - base]) for e in run], False)  # type: ignore[misc]
+        payloads = [memoryview(bytearray(e.loc.stored_len)) if e.loc.encoded else buf[e.offset - base:e.end - base]  # type: ignore[union-attr]
+                    for e in run]
+        read_run(seg, at, [(e.chunk, p) for e, p in zip(run, payloads)], False)  # type: ignore[misc]
+        for e, p in zip(run, payloads):
+            if e.loc.encoded:  # type: ignore[union-attr]
+                if decode is None:
+                    raise CorruptData(f"chunk {e.chunk.hex()[:16]}: encoded, and this reader cannot decode")  # type: ignore[union-attr]
+                buf[e.offset - base:e.end - base] = decode(e.chunk, e.loc, p)  # type: ignore[arg-type]
     chunks = [(e.offset, e.end, e.chunk) for e in exts if e.chunk is not None]
     return Window(base, buf, chunks)

@@ -16,7 +16,7 @@ Record (starts at a multiple of RECORD_ALIGN; header then payload, then zero
 padding up to the next multiple of RECORD_ALIGN):
   0  4  magic b"CWFR"
   4  1  kind (1 = chunk)
-  5  1  codec (0 = raw bytes)
+  5  1  codec (0 = raw bytes, 1 = grouped + compressed, 2 = XOR delta; codecs.py)
   6  2  reserved, 0
   8  4  stored length of the payload (u32)
   12 4  raw (decoded) length (u32)
@@ -43,7 +43,10 @@ RECORD_HEADER = struct.Struct("<4sBBH II 32s I 8x I")
 HEADER_SIZE = RECORD_HEADER.size  # 64
 RECORD_ALIGN = 64
 KIND_CHUNK = 1
-CODEC_RAW = 0
+CODEC_RAW = 0  # the payload is the raw bytes
+CODEC_GROUPED = 1  # a Blosc2 chunk of the raw bytes (codecs.py)
+CODEC_XOR = 2  # the base chunk's id, then a Blosc2 chunk of raw XOR base (codecs.py)
+KNOWN_CODECS = (CODEC_RAW, CODEC_GROUPED, CODEC_XOR)
 MAX_PAYLOAD = 1 << 24
 
 assert SEGMENT_HEADER.size == 64 and HEADER_SIZE == 64
@@ -125,7 +128,8 @@ def decode_record_header(buf: bytes | memoryview) -> RecordHeader:
         raise RecordError("bad record magic")
     if zlib.crc32(bytes(buf[:60])) != hcrc:
         raise RecordError("record header checksum mismatch")
-    if kind != KIND_CHUNK or codec != CODEC_RAW or stored > MAX_PAYLOAD or raw != stored:
+    if (kind != KIND_CHUNK or codec not in KNOWN_CODECS or stored > MAX_PAYLOAD or raw > MAX_PAYLOAD
+            or (codec == CODEC_RAW and raw != stored)):
         raise RecordError(f"unknown record kind/codec or bad length (kind={kind} codec={codec})")
     return RecordHeader(kind, codec, stored, raw, cid, pcrc)
 

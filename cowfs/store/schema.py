@@ -5,7 +5,7 @@ birth_gen <= G < death_gen; live rows have death_gen = LIVE.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; upgrade.py migrates 1
 LIVE = (1 << 62)  # death_gen of rows that are still current
 ROOT_INO = 1
 
@@ -38,14 +38,29 @@ CREATE TABLE chunks (
   offset     INTEGER NOT NULL,         -- byte offset of the record header in the segment
   stored_len INTEGER NOT NULL,         -- payload bytes in the record
   raw_len    INTEGER NOT NULL,         -- bytes of the chunk once decoded
-  first_gen  INTEGER NOT NULL          -- generation whose commit first stored it
+  first_gen  INTEGER NOT NULL,         -- generation whose commit first stored it
+  codec      INTEGER NOT NULL DEFAULT 0,  -- how the record encodes it: 0 raw, 1 grouped, 2 XOR delta (codecs.py)
+  base_cid   INTEGER                   -- codec 2: chunks.cid of the base it is a delta against
 );
 CREATE INDEX chunks_location ON chunks(seg_id, offset);
+CREATE INDEX chunks_base ON chunks(base_cid) WHERE base_cid IS NOT NULL;
 
 CREATE TABLE contents (
   content_id INTEGER PRIMARY KEY,      -- one file body, shared by versions that differ only in metadata
-  size       INTEGER NOT NULL          -- logical bytes (sum of extent lengths)
+  size       INTEGER NOT NULL,         -- logical bytes (sum of extent lengths)
+  compacted  INTEGER NOT NULL DEFAULT 0  -- 1: the compactor made this body (or found nothing to do)
 );
+CREATE INDEX contents_pending ON contents(content_id) WHERE compacted = 0;
+
+CREATE TABLE lineage (                 -- the newest piece of each tensor piece seen by the compactor
+  tensor_key BLOB NOT NULL,            -- lineage.tensor_key(name, dtype, shape): 16 bytes
+  piece      INTEGER NOT NULL,         -- index of the piece within its tensor
+  cid        INTEGER NOT NULL,         -- chunks.cid of the newest piece
+  prev_cid   INTEGER,                  -- chunks.cid of the piece before it
+  keyframe   INTEGER,                  -- chunks.cid of the lineage's newest keyframe (kept whole)
+  seq        INTEGER NOT NULL,         -- distinct pieces seen before the newest one
+  PRIMARY KEY (tensor_key, piece)
+) WITHOUT ROWID;
 
 CREATE TABLE extents (
   content_id  INTEGER NOT NULL,        -- contents.content_id

@@ -14,7 +14,6 @@ import shutil
 import stat
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from . import namespace as ns
 from . import snapshots as snaps
 from .buffers import window_pool
 from .catalog import Catalog, Txn, create_catalog
+from .compact import CompactReport, compact
 from .commit import commit_version, path_in, version_events
 from .content import Extent, VersionId, load_extents
 from .diff import DiffReport, compare
@@ -34,6 +34,7 @@ from .events import Event, EventBus
 from .fsck import FsckReport, check
 from .gc import GcReport, collect
 from .history import VersionInfo
+from .holds import Holds
 from .index import ChunkIndex
 from .layout import (
     CATALOG_FILE,
@@ -47,7 +48,7 @@ from .layout import (
     read_config,
     write_config,
 )
-from .log import Location, Log, check_chunk
+from .log import LOCATION_COLS, Location, Log, check_chunk, location
 from .namespace import Attr
 from .reader import WINDOW_BUFFER, FileReader
 from .recovery import SPILL_DIR, recover
@@ -71,17 +72,19 @@ class Store:
             self.catalog.close()
             raise
         self.log = Log(root, config, self._new_segment_id)
+        self.log.locate = self._locate_chunk
         self.index = ChunkIndex(self.catalog)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
         self.readahead = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-readahead")
         self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
         self._sessions: dict[int, WriteSession] = {}
-        self._readers: Counter[int] = Counter()  # content_id -> open readers and sessions
+        self.holds = Holds()  # what open readers and sessions use (holds.py)
         self._session_holds: dict[int, Callable[[], None]] = {}
         self._mutex = threading.RLock()
         self.events = EventBus()
         self._maintenance = threading.Lock()  # gc and fsck, one at a time
+        self._compacting = threading.Lock()  # the compactor, one run at a time
         self.closed = False
 
     # -- lifecycle -----------------------------------------------------------------
@@ -157,6 +160,11 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _locate_chunk(self, chunk_id: bytes) -> Location | None:
+        """Where the catalog has chunk `chunk_id` (a delta's base, found while decoding)."""
+        row = self.catalog.read(lambda c: c.execute(f"SELECT {LOCATION_COLS} FROM chunks WHERE hash=?", (chunk_id,)).fetchone())
+        return None if row is None else location(*row)
 
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
@@ -309,30 +317,15 @@ class Store:
 
         with self.index.gc_lock:  # gc cannot drop the body between loading and holding it
             attr, extents = self._read(fn, gen)
-            release = self._hold_content(attr.content_id)
-        return FileReader(extents, attr.size, self.log.read_run, check_chunk, release,
-                          VersionId(attr.ino, attr.vid, attr.birth_gen), prefetch=self.readahead.submit,
-                          advise=self.log.will_need, buffers=self.window_buffers)
+            release = self.holds.hold(attr.content_id)
+        return self.body_reader(extents, attr.size, release, VersionId(attr.ino, attr.vid, attr.birth_gen))
 
-    def held_contents(self) -> set[int]:
-        """Bodies open readers and write sessions use: gc keeps them (call it under gc_lock)."""
-        with self._mutex:
-            return set(self._readers)
-
-    def _hold_content(self, cid: int | None) -> Callable[[], None]:
-        """Keep a body alive against gc while a reader or session uses it."""
-        if cid is not None:
-            with self._mutex:
-                self._readers[cid] += 1
-
-        def release() -> None:
-            if cid is not None:
-                with self._mutex:
-                    self._readers[cid] -= 1
-                    if self._readers[cid] <= 0:
-                        del self._readers[cid]
-
-        return release
+    def body_reader(self, extents: list[Extent], size: int, on_close: Callable[[], None] | None = None,
+                    version: VersionId | None = None) -> FileReader:
+        """A reader of a body's extents (the caller holds the body: holds.py)."""
+        return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
+                          prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
+                          decode=self.log.decode)
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
@@ -348,7 +341,7 @@ class Store:
                 return attr, load_extents(conn, attr.content_id)
 
             attr, extents = self._read(fn, None)
-            self._session_holds[ino] = self._hold_content(attr.content_id)
+            self._session_holds[ino] = self.holds.hold(attr.content_id)
             session = WriteSession(
                 ino,
                 extents,
@@ -386,7 +379,7 @@ class Store:
 
         attr, stored = self._change("commit", fn, lambda t, r: version_events(t, r[0]))
         if attr is not None:  # the session goes on from the new body: hold it instead of the old one
-            new_hold = self._hold_content(attr.content_id)
+            new_hold = self.holds.hold(attr.content_id)
             with self._mutex:
                 old_hold = self._session_holds.get(session.ino)
                 self._session_holds[session.ino] = new_hold
@@ -483,6 +476,12 @@ class Store:
     def gc(self, progress: Callable[[int, int], None] | None = None) -> GcReport:
         with self._maintenance:
             return collect(self, progress)
+
+    def compact(self, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
+                workers: int | None = None) -> CompactReport:
+        """Re-cut and encode the bodies not compacted yet (compact.py); one run at a time."""
+        with self._compacting:
+            return compact(self, progress, stop, workers)
 
     def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
         with self._maintenance:  # never beside gc: gc would punch records fsck is reading

@@ -50,6 +50,13 @@ def test_snapshots_log_cat_ls(history_path):
     assert json.loads(run("snapshot", "list", str(history_path), "--json").stdout) == []
     r = run("gc", str(history_path))
     assert r.returncode == 0 and b"freed" in r.stdout
+    r = run("compact", str(history_path))  # nothing recognised in it: nothing re-cut
+    assert r.returncode == 0 and r.stdout.startswith(b"compact: 0 of ") and not r.stderr
+    r = run("compact", str(history_path), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["bodies"] == 0
+    assert b"codec raw" in run("stats", str(history_path)).stdout
+    log = json.loads(run("log", str(history_path), "/run/model.pt", "--json").stdout)
+    assert log[0]["added_stored_bytes"] == log[0]["added_bytes"]  # raw records: stored as they are
 
 
 @pytest.mark.parametrize(

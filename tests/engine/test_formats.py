@@ -665,12 +665,27 @@ def test_no_torch_or_numpy_import(samples: dict[str, bytes], tmp_path: Path) -> 
         f"for p in sorted(pathlib.Path({str(tmp_path)!r}).iterdir()):\n"
         "    d = p.read_bytes()\n"
         "    assert regions(d[:65536], len(d), lambda o, n: d[o:o + n], str(p)), p\n"
-        "print(sorted(m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules))\n")
+        "print(sorted(m for m in ('torch', 'safetensors') if m in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_formats_import_only_the_standard_library() -> None:
+    """The parsers need neither torch nor numpy (the daemon imports numpy for its codecs,
+    never torch)."""
+    import ast
+
+    pkg = REPO / "cowfs" / "store" / "formats"
+    for path in pkg.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] in sys.stdlib_module_names, (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] in sys.stdlib_module_names, (path.name, alias.name)
 
 
 def test_pickle_machine_never_imports() -> None:

@@ -31,7 +31,9 @@ chunking workers and rotation inside them are exercised), two interleaved
 sessions (often writing the same bytes, so one dedups against the other's
 uncommitted records), expire_history + gc while a session has uncommitted
 records in the log, rename, unlink, snapshot create/delete, expire_history + gc
-(gc punches dead space without fsync), gc, and clean close + reopen. Segments
+(gc punches dead space without fsync), gc, compaction (files are sometimes safetensors
+checkpoints of a drifting model, so it re-cuts them and makes deltas), and clean close +
+reopen. Segments
 are 4 MiB and files up to 3 MiB, so segments rotate often. All three devices run:
 `file` (fdatasync), `direct` (O_DIRECT blocks, the last partial block of a write
 held in memory until persist) and `pmem` (only ranges both written back by
@@ -51,7 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
+from safetensors.numpy import save as save_safetensors
 
 import cowfs.store.session as session_mod
 from cowfs.store import ROOT_INO, Store
@@ -104,8 +108,26 @@ def pick_size(rng: random.Random) -> int:
     return rng.randint(1 * MiB, MAX_FILE)
 
 
+_WEIGHTS: dict[str, np.ndarray] = {}
+
+
+def checkpoint_data(rng: random.Random) -> bytes:
+    """A safetensors checkpoint of a model that drifts a little from save to save: the
+    compactor re-cuts it into tensor pieces and turns older pieces into deltas."""
+    if not _WEIGHTS:
+        g = np.random.default_rng(11)
+        _WEIGHTS.update(a=g.standard_normal((256, 1024), np.float32), b=g.standard_normal((96, 1024), np.float32),
+                        c=g.standard_normal((64,), np.float32))
+    noise = np.random.default_rng(rng.randint(0, 7))
+    return save_safetensors({k: v + noise.standard_normal(v.shape, np.float32) * np.float32(1e-3)
+                             for k, v in _WEIGHTS.items()})
+
+
 def gen_data(rng: random.Random, model: Model) -> bytes:
-    """Fresh bytes, an exact copy of a file (full dedup), a patched copy (partial dedup), or zero runs."""
+    """Fresh bytes, an exact copy of a file (full dedup), a patched copy (partial dedup), zero
+    runs, or a checkpoint file the compactor recognises."""
+    if rng.random() < 0.15:
+        return checkpoint_data(rng)
     r = rng.random()
     if model.files and r < 0.2:
         return model.files[rng.choice(sorted(model.files))]
@@ -381,6 +403,12 @@ def op_gc(rng: random.Random, m: Model) -> Op:
     return Op("gc", set(), [m.copy()], lambda r: r.store.gc())
 
 
+def op_compact(rng: random.Random, m: Model) -> Op:
+    """Re-cut and re-encode committed files: reads must not change, whatever the crash point."""
+    workers = rng.choice([1, 2])
+    return Op(f"compact ({workers} workers)", set(), [m.copy()], lambda r: r.store.compact(workers=workers))
+
+
 def op_reopen(rng: random.Random, m: Model) -> Op:
     def run(r: "Run") -> None:
         r.store.close()
@@ -402,6 +430,7 @@ OPS: list[tuple[int, Callable[[random.Random, Model], Op], Callable[[Model], boo
     (4, op_snapshot_delete, lambda m: bool(m.snaps)),
     (10, op_expire_gc, lambda m: True),
     (4, op_gc, lambda m: True),
+    (6, op_compact, lambda m: bool(m.files)),
     (5, op_reopen, lambda m: True),
 ]
 

@@ -12,7 +12,7 @@ import pytest
 
 from cowfs.errors import Busy, CorruptData, Exists, IsADirectory, NotEmpty, NotFound, StoreError
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import segment_path
+from cowfs.store.layout import FORMAT_VERSION, segment_path
 
 from tests.support.storeutil import assert_clean, data, new_store
 
@@ -46,7 +46,7 @@ def test_open_errors(tmp_path):
         Store.open(tmp_path / "plain")
     p = new_store(tmp_path / "s")
     cfg = (p / "cowfs-store.json").read_text()
-    (p / "cowfs-store.json").write_text(cfg.replace('"format_version": 1', '"format_version": 99'))
+    (p / "cowfs-store.json").write_text(cfg.replace(f'"format_version": {FORMAT_VERSION}', '"format_version": 99'))
     with pytest.raises(StoreError, match="format version 99"):
         Store.open(p)
     (p / "cowfs-store.json").write_text(cfg)

@@ -363,6 +363,7 @@ MOUNTED_CASES: list[tuple[tuple[str, ...], Callable[[Path, Path, Path], Path] | 
     (("mount", "{S}", "{X}"), _a_file, "mountpoint is not a directory"),
     (("mount", "{S}", "{X}"), _non_empty, "mountpoint is not empty"),
     (("mount", "{S}", "{X}", "--auto-snapshot", "often"), _empty, "not a duration"),
+    (("mount", "{S}", "{X}", "--compact-idle", "when-quiet"), _empty, "not a duration"),
     (("umount", "{X}"), _empty, "no cowfs filesystem is mounted there"),
     (("umount", "{X}"), _a_file, "no cowfs filesystem is mounted there"),
     (("umount", "{X}/../nowhere"), _empty, "no such directory"),

@@ -341,3 +341,30 @@ def test_catalog_full_through_the_mount_is_enospc_and_corrupts_nothing(tmp_path)
             # the save that failed left no version (the kernel's mtime update after the rename may add a
             # metadata-only one)
             assert {v.size for v in s.history("/model.pt")} == {len(serialized("pt", tensors(3))), len(model)}
+
+
+def test_the_catalog_reserve_lets_a_full_store_give_space_back(tmp_path):
+    """Changes that free space may use the catalog's reserve; others get ENOSPC and leave it."""
+    with small_fs(tmp_path / "dev", "16m") as dev:
+        path = dev / "store"
+        Store.init(path, segment_size=SEGMENT)
+        reserve = path / "catalog.db.reserve"
+        with Store.open(path) as s:
+            assert reserve.stat().st_blocks * 512 >= 1 << 20
+            for i in range(3):
+                s.write_file("/a", data(1_000_000, i))
+                s.snapshot_create(f"s{i}")
+            filler = fill(dev)
+            with pytest.raises(NoSpace):
+                for i in range(100_000):
+                    s.mkdir(ROOT_INO, b"directory-%06d-" % i + b"x" * 200)
+            assert reserve.exists()  # a change that frees nothing never takes it
+            s.snapshot_delete("s0")
+            s.snapshot_delete("s1")
+            s.expire_history(0)
+            s.gc()
+            assert s.read_file("/a") == data(1_000_000, 2)
+            filler.unlink()
+            s.gc()
+            assert reserve.stat().st_blocks * 512 >= 1 << 20  # allocated again once there is room
+        assert_clean(path)

@@ -1,6 +1,8 @@
-"""In-mount gc and prune requests while the writer runs: `prune --keep-name SNAP_GLOB
---keep-history 0` keeps every harness snapshot but drops the history no snapshot holds, so
-gc really punches and deletes segments under the writer."""
+"""In-mount gc, prune and compact requests while the writer runs: `prune --keep-name
+SNAP_GLOB --keep-history 0` keeps every harness snapshot but drops the history no snapshot
+holds, so gc really punches and deletes segments under the writer; `compact` re-cuts the
+writer's torch.save and safetensors files into tensor pieces and re-encodes older pieces as
+deltas, so kills land inside compactions too."""
 from __future__ import annotations
 
 import random
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 class GcRequest:
     """One in-mount gc or prune request, as the harness saw it (times: CLOCK_MONOTONIC)."""
     n: int
-    op: str  # "gc" or "prune"
+    op: str  # "gc", "prune" or "compact"
     t_sent: float
     progress: tuple[int, int] | None = None  # the last progress line
     t_done: float | None = None  # its answer arrived
@@ -31,31 +33,37 @@ class GcRequest:
     killed_in: str | None = None  # its phase when the kill fired, if it was under way
 
     def phase(self) -> str:
+        if self.op == "compact":
+            return "compacting"
         if self.progress is None:
             return "expiring/deciding" if self.op == "prune" else "deciding"
         return "punching" if self.progress[0] < self.progress[1] else "deleting segments"
 
     def freed(self) -> int:
+        if self.op == "compact":
+            return 0
         g = (self.result or {}).get("gc") if self.op == "prune" else self.result
         return g["bytes_freed"] if g else 0
 
     def note(self) -> str:
         if self.result is None:
             return f"{self.op} killed {self.killed_in}" if self.killed_in else f"{self.op} failed"
+        if self.op == "compact":
+            return f"compact {self.result['recut']} files, {self.result['deltas']} deltas"
         rows = f", {self.result['history_rows_dropped']} rows dropped" if self.op == "prune" else ""
         return f"{self.op} {human_bytes(self.freed())} freed{rows}"
 
 
 def send_gc_requests(cyc: Cycle, store: Path, max_run: float, rng: random.Random) -> None:
-    """The gc thread of a cycle: gc and prune requests to the daemon, as `cowfs gc MNT` and
-    `cowfs prune MNT --keep-name GLOB --keep-history 0` send them (straight to the daemon's
+    """The gc thread of a cycle: gc, prune and compact requests to the daemon, as `cowfs gc MNT`,
+    `cowfs prune MNT --keep-name GLOB --keep-history 0` and `cowfs compact MNT` send them (straight to the daemon's
     socket: never a fallback that would open the store in this process)."""
     n = 0
     while not cyc.stop.wait(rng.uniform(0.05, 0.4 * max_run) if n == 0 else rng.uniform(0.2, 0.8)):
         if cyc.fired.is_set():
             return
         n += 1
-        req = GcRequest(n, "prune" if rng.random() < 0.6 else "gc", time.monotonic())
+        req = GcRequest(n, rng.choices(["prune", "gc", "compact"], [0.45, 0.3, 0.25])[0], time.monotonic())
         cyc.gc_requests.append(req)
         if cyc.kill_point.kind == "gc" and n == cyc.kill_point.nth:
             cyc.fire_later(f"gc#{n} {req.op}")

@@ -72,7 +72,7 @@ class Totals:
     gc_freed: int = 0
     expired: int = 0  # history rows expired unmounted
     mount_gc_cycles: int = 0
-    mount_gc: dict[str, int] = field(default_factory=lambda: {"gc": 0, "prune": 0})  # requests sent
+    mount_gc: dict[str, int] = field(default_factory=lambda: {"gc": 0, "prune": 0, "compact": 0})  # requests sent
     mount_gc_answered: int = 0
     mount_gc_freed: int = 0
     mount_gc_rows: int = 0
@@ -106,7 +106,7 @@ class Totals:
               f"files, {self.snapshot_checks} snapshot checks, {self.history_versions} versions from history "
               f"({self.loaded_from_history} loaded from there), {self.closed} closes reported by the writer", flush=True)
         print(f"in-mount gc: {self.mount_gc_cycles} cycles, {self.mount_gc['prune']} prune + {self.mount_gc['gc']} gc "
-              f"requests, {self.mount_gc_answered} answered: {human_bytes(self.mount_gc_freed)} freed, "
+              f"+ {self.mount_gc['compact']} compact requests, {self.mount_gc_answered} answered: {human_bytes(self.mount_gc_freed)} freed, "
               f"{self.mount_gc_rows} history rows dropped; {self.expired_by_prune} closed versions expired by them",
               flush=True)
         print(f"unmounted: gc {self.gc_runs} runs, {human_bytes(self.gc_freed)} freed; {self.expired} history rows "

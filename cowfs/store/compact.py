@@ -1,0 +1,320 @@
+"""The compactor: committed checkpoint files re-cut into tensor pieces, stored byte-grouped
+and compressed, and superseded pieces turned into deltas (docs/design.md, "Compaction").
+
+The save path is untouched: a close() commits content-defined chunks stored raw, as
+before. Later (`cowfs compact`, or the daemon when idle) each body not yet compacted is,
+oldest first:
+
+1. read back (verified) and cut by pieces.plan: tensor pieces of recognised formats
+   (formats/), content-defined chunks for the rest;
+2. pieces and chunks not stored yet are encoded (codecs.encode_whole) in worker threads
+   and appended to the log; those already stored are shared (dedup stays global);
+3. for every tensor piece whose lineage (lineage.py) had a different newest piece, the
+   superseded piece is re-encoded as a delta against the lineage's keyframe and appended
+   as a new record of the same chunk id;
+4. the log is synced, then one catalog transaction adds the new chunks, a new body with
+   the new extents, points every version of the old body at it, switches each re-encoded
+   chunk to its new record, and advances the lineages. The old body, its chunks and the
+   replaced records become garbage for gc (holds.py keeps records open readers still use).
+
+A crash before step 4's commit leaves records nothing names (recovery cuts them or gc
+punches them); after it, the new state is whole. No generation is spent: every version
+reads the same bytes before and after.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from . import lineage
+from .catalog import Txn
+from .chunking import chunk_id, cut_all
+from .codecs import encode_delta, encode_whole
+from .content import Extent, load_extents
+from .formats import regions
+from .log import LOCATION_COLS, Location, location
+from .pieces import Span, plan
+from .records import CODEC_XOR
+
+if TYPE_CHECKING:
+    from .store import Store
+
+BATCH_BYTES = 64 << 20  # bytes read, hashed and encoded per step
+HEAD_BYTES = 64 << 10
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class CompactReport:
+    bodies: int = 0  # bodies looked at
+    recut: int = 0  # bodies re-cut into tensor pieces
+    logical_bytes: int = 0  # bytes of the bodies looked at
+    pieces: int = 0  # tensor pieces in the re-cut bodies
+    new_chunks: int = 0  # pieces and chunks stored for the first time
+    new_stored_bytes: int = 0  # their payload bytes
+    deltas: int = 0  # superseded pieces re-encoded as deltas
+    delta_saved_bytes: int = 0  # stored bytes those deltas saved
+    stopped: bool = False  # interrupted before every body was done
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Piece:
+    span: Span
+    chunk: bytes
+
+
+@dataclass
+class _Delta:
+    cid: int  # the superseded piece, re-encoded
+    old: Location
+    new: Location
+    base_cid: int
+    saved: int
+
+
+def pending(conn: sqlite3.Connection) -> list[tuple[int, int]]:
+    """(body, size) of every body some version uses that is not compacted yet, oldest first."""
+    return conn.execute(
+        "SELECT c.content_id, c.size FROM contents c JOIN versions v ON v.content_id = c.content_id"
+        " WHERE c.compacted = 0 GROUP BY c.content_id ORDER BY min(v.data_gen), c.content_id"
+    ).fetchall()
+
+
+def compact(store: "Store", progress: Progress | None = None, stop: Callable[[], bool] | None = None,
+            workers: int | None = None) -> CompactReport:
+    """Compact every pending body; `stop()` is asked between steps (the body in hand is then
+    left as it was)."""
+    t0 = time.monotonic()
+    report = CompactReport()
+    todo = store.catalog.read(pending)
+    total = sum(size for _, size in todo)
+    done = 0
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2, thread_name_prefix="cowfs-compact") as pool:
+        for content_id, size in todo:
+            if stop is not None and stop():
+                report.stopped = True
+                break
+            if not _Body(store, pool, content_id, report, stop).run():
+                report.stopped = True
+                break
+            done += size
+            if progress is not None:
+                progress(done, total)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+class _Body:
+    """One body's compaction (steps 1-4 of the module doc)."""
+
+    def __init__(self, store: "Store", pool: ThreadPoolExecutor, content_id: int, report: CompactReport,
+                 stop: Callable[[], bool] | None) -> None:
+        self.store, self.pool, self.content_id, self.report, self.stop = store, pool, content_id, report, stop
+        self.pinned: list[bytes] = []
+        self.pieces: list[_Piece] = []
+        self.extents: list[Extent] = []  # the new body's, locations of chunks appended or known
+        self.deltas: list[_Delta] = []
+
+    def run(self) -> bool:
+        """False when stopped before the end (nothing changed)."""
+        store = self.store
+        with store.index.gc_lock:
+            extents, size, name = store.catalog.read(self._load)
+            release = store.holds.hold(self.content_id)
+        try:
+            self.report.bodies += 1
+            self.report.logical_bytes += size
+            reader = store.body_reader(extents, size)
+            try:
+                found = regions(bytes(reader.read(0, HEAD_BYTES)), size, lambda o, n: bytes(reader.read(o, n)), name)
+                spans = plan(size, found) if found else []
+                if not any(s.key is not None for s in spans):
+                    store.catalog.write(self._mark_done, op="compact")
+                    return True
+                for batch in _batches(spans):
+                    if self.stop is not None and self.stop():
+                        return False
+                    self._store_batch(reader, batch)
+            finally:
+                reader.close()
+            self._plan_deltas()
+            store.log.sync()
+            with store.index.gc_lock:
+                retired = store.catalog.write(self._commit, op="compact")
+                store.holds.retire(retired)
+            self.report.recut += 1
+            return True
+        finally:
+            store.index.unpin(self.pinned)
+            release()
+
+    def _load(self, conn: sqlite3.Connection) -> tuple[list[Extent], int, str]:
+        size = conn.execute("SELECT size FROM contents WHERE content_id=?", (self.content_id,)).fetchone()[0]
+        row = conn.execute("SELECT d.name FROM versions v JOIN dentries d ON d.ino = v.ino WHERE v.content_id=?"
+                           " ORDER BY d.birth_gen DESC LIMIT 1", (self.content_id,)).fetchone()
+        name = bytes(row[0]).decode(errors="replace") if row else ""
+        return load_extents(conn, self.content_id), int(size), name
+
+    def _mark_done(self, txn: Txn) -> None:
+        txn.execute("UPDATE contents SET compacted=1 WHERE content_id=?", (self.content_id,))
+
+    # -- steps 1 and 2 ------------------------------------------------------------------
+
+    def _store_batch(self, reader, batch: list[Span]) -> None:  # type: ignore[no-untyped-def]
+        lo, hi = batch[0].offset, batch[-1].end
+        data = memoryview(bytes(reader.read(lo, hi - lo)))
+        cut: list[tuple[Span, memoryview]] = []
+        for s in batch:
+            view = data[s.offset - lo:s.end - lo]
+            if s.key is not None:
+                cut.append((s, view))
+            else:
+                pos = s.offset
+                for c in cut_all(view):
+                    cut.append((Span(pos, len(c)), c))
+                    pos += len(c)
+        ids = list(self.pool.map(lambda sv: chunk_id(sv[1]), cut))
+        self.pinned.extend(ids)
+        known = self.store.index.pin(ids)
+        fresh: dict[bytes, tuple[memoryview, int]] = {}
+        for (s, view), h in zip(cut, ids):
+            if h not in known and h not in fresh:
+                fresh[h] = (view, s.elem_size)
+        items = list(fresh.items())
+        encoded = list(self.pool.map(lambda it: encode_whole(it[1][0], it[1][1]), items))
+        records = [(h, e.payload, len(v), e.codec) for (h, (v, _)), e in zip(items, encoded)]
+        locs = self.store.log.append_records(records) if records else []
+        for (h, *_), loc in zip(records, locs):
+            self.store.index.add_location(h, loc)
+            known[h] = loc
+            self.report.new_chunks += 1
+            self.report.new_stored_bytes += loc.stored_len
+        for (s, view), h in zip(cut, ids):
+            self.extents.append(Extent(s.offset, s.length, h, known[h]))
+            if s.key is not None:
+                self.pieces.append(_Piece(s, h))
+                self.report.pieces += 1
+
+    # -- step 3 ---------------------------------------------------------------------------
+
+    def _plan_deltas(self) -> None:
+        jobs = self.store.catalog.read(self._delta_jobs)
+        self.pinned.extend(h for job in jobs for h in (job[1], job[4]))
+        self.store.index.pin([h for job in jobs for h in (job[1], job[4])])
+        results = list(self.pool.map(self._encode_delta, jobs))
+        good = [(job, enc) for job, enc in zip(jobs, results) if enc is not None and enc.codec == CODEC_XOR]
+        if not good:
+            return
+        locs = self.store.log.append_records([(job[1], enc.payload, job[2].length, enc.codec) for job, enc in good])
+        for (job, enc), loc in zip(good, locs):
+            self.store.index.add_location(job[1], loc)
+            self.deltas.append(_Delta(job[0], job[2], loc, job[3], job[2].stored_len - loc.stored_len))
+
+    def _delta_jobs(self, conn: sqlite3.Connection) -> list[tuple[int, bytes, Location, int, bytes, Location, int]]:
+        """(piece cid, hash, location, base cid, base hash, base location, elem size) for each
+        superseded piece that can become a delta: it and its base are whole records of the
+        same length, and nothing is a delta against it."""
+        jobs = []
+        seen: set[int] = set()
+        for p in self.pieces:
+            old = lineage.lookup(conn, p.span.key, p.span.index)  # type: ignore[arg-type]
+            if old is None or old.cid in seen:
+                continue
+            base = lineage.delta_base(old)
+            if base is None:
+                continue
+            rows = {cid: (bytes(h), location(*loc)) for cid, h, *loc in conn.execute(
+                f"SELECT cid, hash, {LOCATION_COLS} FROM chunks WHERE cid IN (?, ?)", (old.cid, base))}
+            if old.cid not in rows or base not in rows or rows[old.cid][0] == p.chunk:
+                continue
+            (h, loc), (bh, bloc) = rows[old.cid], rows[base]
+            if loc.codec == CODEC_XOR or bloc.codec == CODEC_XOR or loc.length != bloc.length:
+                continue
+            if conn.execute("SELECT 1 FROM chunks WHERE base_cid=? LIMIT 1", (old.cid,)).fetchone():
+                continue
+            seen.add(old.cid)
+            jobs.append((old.cid, h, loc, base, bh, bloc, p.span.elem_size))
+        return jobs
+
+    def _encode_delta(self, job: tuple[int, bytes, Location, int, bytes, Location, int]):  # type: ignore[no-untyped-def]
+        _cid, h, loc, _base, bh, bloc, elem = job
+        try:
+            raw = self.store.log.read_chunk(loc, h)
+            base_raw = self.store.log.read_chunk(bloc, bh)
+        except Exception as e:  # a damaged piece stays as it is; fsck reports it
+            self.report.errors.append(f"chunk {h.hex()[:16]}: not re-encoded ({e})")
+            return None
+        enc = encode_delta(raw, elem, bh, base_raw)
+        return enc if enc.stored_len < loc.stored_len else None
+
+    # -- step 4 ---------------------------------------------------------------------------
+
+    def _commit(self, txn: Txn) -> list[tuple[int, int, int]]:
+        first_gen = txn.execute("SELECT min(data_gen) FROM versions WHERE content_id=?", (self.content_id,)).fetchone()[0]
+        if first_gen is None:  # every version of it went meanwhile: nothing to repoint
+            txn.execute("UPDATE contents SET compacted=1 WHERE content_id=?", (self.content_id,))
+            first_gen = 0
+        locs: dict[bytes, Location] = {}
+        for e in self.extents:
+            locs.setdefault(e.chunk, e.loc)  # type: ignore[arg-type]
+        txn.conn.executemany(
+            "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, codec, first_gen) VALUES (?,?,?,?,?,?,?)",
+            [(h, l.seg_id, l.offset, l.stored_len, l.length, l.codec, first_gen) for h, l in locs.items()])
+        cids: dict[bytes, int] = {}
+        hashes = list(locs)
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            for h, cid in txn.execute("SELECT hash, cid FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part)), part):
+                cids[bytes(h)] = cid
+        size = txn.execute("SELECT size FROM contents WHERE content_id=?", (self.content_id,)).fetchone()[0]
+        new_body = int(txn.execute("INSERT INTO contents(size, compacted) VALUES (?, 1)", (size,)).lastrowid)
+        txn.conn.executemany("INSERT INTO extents VALUES (?,?,?,?)",
+                             [(new_body, e.offset, e.length, cids[e.chunk]) for e in self.extents])  # type: ignore[index]
+        txn.execute("UPDATE versions SET content_id=? WHERE content_id=?", (new_body, self.content_id))
+        txn.execute("UPDATE contents SET compacted=1 WHERE content_id=?", (self.content_id,))
+        retired = []
+        ends: dict[int, int] = {}
+        for loc in list(locs.values()) + [d.new for d in self.deltas]:
+            ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
+        for d in self.deltas:
+            changed = txn.execute(
+                "UPDATE chunks SET seg_id=?, offset=?, stored_len=?, codec=?, base_cid=? WHERE cid=? AND seg_id=?"
+                " AND offset=? AND NOT EXISTS (SELECT 1 FROM chunks b WHERE b.base_cid=?)"
+                " AND EXISTS (SELECT 1 FROM chunks b WHERE b.cid=? AND b.codec != ?)",
+                (d.new.seg_id, d.new.offset, d.new.stored_len, d.new.codec, d.base_cid, d.cid, d.old.seg_id,
+                 d.old.offset, d.cid, d.base_cid, CODEC_XOR)).rowcount
+            if changed:
+                retired.append((d.old.seg_id, d.old.offset, d.old.stored_len))
+                self.report.deltas += 1
+                self.report.delta_saved_bytes += d.saved
+        txn.conn.executemany("UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?",
+                             [(v, k) for k, v in ends.items()])
+        for p in self.pieces:
+            key = p.span.key
+            assert key is not None
+            old = lineage.lookup(txn.conn, key, p.span.index)
+            if old is None or old.cid != cids[p.chunk]:
+                lineage.advance(txn, key, p.span.index, cids[p.chunk], old)
+        return retired
+
+
+def _batches(spans: list[Span]) -> list[list[Span]]:
+    out: list[list[Span]] = []
+    cur: list[Span] = []
+    n = 0
+    for s in spans:
+        if cur and n + s.length > BATCH_BYTES:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(s)
+        n += s.length
+    if cur:
+        out.append(cur)
+    return out
+

@@ -1,0 +1,86 @@
+"""`cowfs upgrade STORE`: bring a store of an older format version to this one, in place.
+
+Version 1 -> 2: the catalog gets chunks.codec (0 for every existing record: they are all
+raw), chunks.base_cid, contents.compacted and the lineage table, in one transaction; then the config file is rewritten with the
+new version (atomic rename). Segment files need no change: a version 1 record is a raw
+version 2 record. Crash states: before the catalog commit, nothing changed; after it and
+before the config rename, the config still says 1 and opening the store asks for the
+upgrade again, which finds the catalog done and only rewrites the config.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+from ..errors import Busy, StoreError
+from .layout import CATALOG_FILE, CONFIG_FILE, FORMAT_NAME, FORMAT_VERSION, LOCK_FILE, OLDEST_UPGRADABLE, fsync_dir
+from .schema import SCHEMA_VERSION
+
+CATALOG_1_TO_2 = (
+    "ALTER TABLE chunks ADD COLUMN codec INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE chunks ADD COLUMN base_cid INTEGER",
+    "CREATE INDEX chunks_base ON chunks(base_cid) WHERE base_cid IS NOT NULL",
+    "ALTER TABLE contents ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX contents_pending ON contents(content_id) WHERE compacted = 0",
+    "CREATE TABLE lineage (tensor_key BLOB NOT NULL, piece INTEGER NOT NULL, cid INTEGER NOT NULL,"
+    " prev_cid INTEGER, keyframe INTEGER, seq INTEGER NOT NULL, PRIMARY KEY (tensor_key, piece)) WITHOUT ROWID",
+    "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
+)
+
+
+def upgrade(root: Path) -> tuple[int, int]:
+    """Upgrade the store at `root`; returns (version before, version after)."""
+    path = root / CONFIG_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{root}: not a readable cowfs store ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise StoreError(f"{path}: not a cowfs store config")
+    version = data.get("format_version")
+    if version == FORMAT_VERSION:
+        return version, version
+    if not isinstance(version, int) or not OLDEST_UPGRADABLE <= version < FORMAT_VERSION:
+        raise StoreError(f"{root}: store format version {version} cannot be upgraded by this cowfs "
+                         f"(it upgrades {OLDEST_UPGRADABLE}..{FORMAT_VERSION - 1} to {FORMAT_VERSION})")
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(f"{root}: store is mounted or in use; unmount it first") from None
+        _upgrade_catalog(root / CATALOG_FILE)
+        data["format_version"] = FORMAT_VERSION
+        tmp = root / (CONFIG_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        fsync_dir(root)
+    finally:
+        os.close(fd)
+    return version, FORMAT_VERSION
+
+
+def _upgrade_catalog(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous = FULL")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        schema = int(row[0]) if row else None
+        if schema == SCHEMA_VERSION:
+            return  # done by an upgrade that stopped before rewriting the config
+        if schema != 1:
+            raise StoreError(f"{path}: catalog schema version {schema} cannot be upgraded")
+        conn.execute("BEGIN IMMEDIATE")
+        for stmt in CATALOG_1_TO_2:
+            conn.execute(stmt)
+        conn.execute("COMMIT")
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path}: catalog cannot be upgraded ({e})") from None
+    finally:
+        conn.close()

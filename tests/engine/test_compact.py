@@ -1,0 +1,299 @@
+"""The compactor (compact.py): checkpoint files re-cut into tensor pieces, encoded, and
+superseded pieces turned into deltas; every version reads back byte-exact."""
+from __future__ import annotations
+
+import io
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from cowfs.errors import CorruptData
+from cowfs.store import Store
+from cowfs.store.codecs import MAX_CHAIN
+from cowfs.store.layout import CATALOG_FILE, segment_path
+from cowfs.store.lineage import KEYFRAME_EVERY
+from cowfs.store.records import CODEC_XOR
+
+ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
+
+
+def weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"layers.{i}.weight": torch.randn(ROWS, COLS, generator=g) * 0.02 for i in range(3)}
+
+
+def train_step(w: dict[str, torch.Tensor], step: int, frozen: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    return {k: v if k in frozen else v - 1e-4 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+
+
+def torch_bytes(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def series(store: Store, n: int, frozen: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """n HF-style checkpoints: checkpoint-i/model.safetensors, optimizer.pt, trainer_state.json."""
+    files: dict[str, bytes] = {}
+    w = weights()
+    for i in range(n):
+        w = train_step(w, i, frozen)
+        store.mkdir(1, f"checkpoint-{i}".encode())
+        files[f"/checkpoint-{i}/model.safetensors"] = st_save(w)
+        files[f"/checkpoint-{i}/optimizer.pt"] = torch_bytes({"state": {k: {"exp_avg": v * 0.1} for k, v in w.items()}})
+        files[f"/checkpoint-{i}/trainer_state.json"] = f'{{"global_step": {i * 20}}}'.encode()
+        for path, data in files.items():
+            if path.startswith(f"/checkpoint-{i}/"):
+                store.write_file(path, data)
+    return files
+
+
+def assert_reads(store: Store, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        assert store.read_file(path) == data, path
+
+
+def chunk_rows(path: Path) -> list[tuple[int, int, int | None]]:
+    conn = sqlite3.connect(path / CATALOG_FILE)
+    try:
+        return conn.execute("SELECT cid, codec, base_cid FROM chunks").fetchall()
+    finally:
+        conn.close()
+
+
+def test_series_reads_back_exactly_and_shrinks(store):
+    files = series(store, 6)
+    before = store.stats()
+    report = store.compact()
+    assert report.recut == 12 and report.bodies == 18  # the json files are not recognised
+    assert report.deltas > 0 and report.pieces == 12 * 6
+    assert_reads(store, files)
+    store.gc()
+    after = store.stats()
+    assert after["logical_bytes"] == before["logical_bytes"]
+    assert after["stored_bytes"] < before["stored_bytes"]
+    assert after["codecs"]["xor"]["chunks"] == report.deltas
+    assert after["uncompacted_bodies"] == 0
+    assert_reads(store, files)
+    again = store.compact()
+    assert again.bodies == 0 and again.deltas == 0
+
+
+def test_every_read_touches_at_most_two_records_and_the_newest_is_whole(store_path):
+    with Store.open(store_path) as s:
+        files = series(s, 2 * KEYFRAME_EVERY + 1)
+        s.compact()
+        s.gc()
+    rows = {cid: (codec, base) for cid, codec, base in chunk_rows(store_path)}
+    for cid, (codec, base) in rows.items():
+        if codec == CODEC_XOR:
+            assert rows[base][0] != CODEC_XOR, f"chunk {cid}: its base {base} is a delta too"
+    assert 2 <= MAX_CHAIN
+    newest = max(int(p.split("/")[1].split("-")[1]) for p in files)
+    with Store.open(store_path) as s:
+        conn = s.catalog.reader()
+        codecs = conn.execute(
+            "SELECT DISTINCT c.codec FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
+            " ON v.content_id = e.content_id WHERE v.ino = (SELECT ino FROM dentries WHERE name = ?"
+            " AND parent = (SELECT ino FROM dentries WHERE name = ?))",
+            (b"model.safetensors", f"checkpoint-{newest}".encode())).fetchall()
+        assert CODEC_XOR not in {c for (c,) in codecs}
+        assert_reads(s, files)
+
+
+def test_frozen_tensors_stay_shared(store):
+    files = series(store, 4, frozen=("layers.0.weight", "layers.1.weight"))
+    store.compact()
+    store.gc()
+    st = store.stats()
+    # the two frozen tensors (2 x 2 MiB) are stored once across the 4 model files
+    frozen_once = 2 * ROWS * COLS * 4
+    assert st["unique_bytes"] < 4 * 3 * ROWS * COLS * 4 * 2 - 3 * frozen_once + (1 << 20)
+    assert_reads(store, files)
+
+
+def test_lineage_follows_tensors_across_paths_and_rewrites(store):
+    """Lightning-style new names per checkpoint, and torch.save rewriting one path."""
+    w = weights()
+    files: dict[str, bytes] = {}
+    latest: list[bytes] = []
+    for i in range(5):
+        w = train_step(w, i)
+        files[f"/epoch={i}-step={i * 10}.ckpt"] = torch_bytes({"state_dict": w, "epoch": i})
+        store.write_file(f"/epoch={i}-step={i * 10}.ckpt", files[f"/epoch={i}-step={i * 10}.ckpt"])
+        latest.append(torch_bytes(w))
+        store.write_file("/model.pt", latest[-1])
+    report = store.compact()
+    assert report.deltas > 0
+    store.gc()
+    assert_reads(store, files)
+    assert store.read_file("/model.pt") == latest[-1]
+    history = store.history("/model.pt")
+    for info, data in zip(reversed(history), latest):
+        assert store.read_file("/model.pt", info.birth_gen) == data
+
+
+def test_open_reader_survives_reencoding_and_gc(store_path):
+    with Store.open(store_path) as s:
+        files = series(s, 2)
+        s.compact()
+        attr = s.resolve("/checkpoint-1/model.safetensors")
+        reader = s.open_reader(attr.ino)
+        more = series_more(s, 2, 3)
+        report = s.compact()
+        assert report.deltas > 0  # checkpoint-1's pieces became deltas: their old records retired
+        s.gc()
+        data = files["/checkpoint-1/model.safetensors"]
+        assert bytes(reader.read(0, len(data))) == data
+        before = s.physical_bytes()
+        reader.close()
+        s.gc()  # now the retired records go
+        assert s.physical_bytes() < before
+        assert_reads(s, {**files, **more})
+
+
+def series_more(store: Store, start: int, stop: int) -> dict[str, bytes]:
+    w = weights()
+    for i in range(start):
+        w = train_step(w, i)
+    files = {}
+    for i in range(start, stop):
+        w = train_step(w, i)
+        store.mkdir(1, f"checkpoint-{i}".encode())
+        files[f"/checkpoint-{i}/model.safetensors"] = st_save(w)
+        store.write_file(f"/checkpoint-{i}/model.safetensors", files[f"/checkpoint-{i}/model.safetensors"])
+    return files
+
+
+def test_removing_the_keyframe_keeps_what_its_deltas_need(store):
+    files = series(store, KEYFRAME_EVERY)
+    store.compact()
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+        store.unlink(store.resolve("/checkpoint-0").ino, name.encode())
+    store.expire_history()
+    store.gc()
+    kept = {p: d for p, d in files.items() if not p.startswith("/checkpoint-0/")}
+    assert_reads(store, kept)
+    assert store.stats()["codecs"]["xor"]["chunks"] > 0
+
+
+def test_damaged_base_fails_every_dependent_read_and_fsck_names_them(tmp_path):
+    path = tmp_path / "store"
+    Store.init(path, segment_size=4 << 20)
+    with Store.open(path) as s:
+        files = series(s, 3)
+        s.compact()
+        s.gc()
+        conn = s.catalog.reader()
+        seg, off = conn.execute(
+            "SELECT b.seg_id, b.offset FROM chunks b WHERE b.cid IN (SELECT base_cid FROM chunks WHERE codec=?)"
+            " LIMIT 1", (CODEC_XOR,)).fetchone()
+    with open(segment_path(path, seg), "r+b") as f:  # flip payload bytes of a keyframe piece
+        f.seek(off + 64 + 1000)
+        f.write(b"\xff" * 64)
+    with Store.open(path) as s:
+        failed = []
+        for p, data in files.items():
+            try:
+                assert s.read_file(p) == data, p  # never wrong bytes
+            except CorruptData:
+                failed.append(p)
+        assert "/checkpoint-0/model.safetensors" in failed and "/checkpoint-1/model.safetensors" in failed
+        report = s.fsck()
+        named = {p for problem in report.problems for p in problem.paths}
+        assert {"/checkpoint-0/model.safetensors", "/checkpoint-1/model.safetensors"} <= named
+        s.fsck(repair=True)
+        after = s.fsck()
+        assert after.clean, [p.line() for p in after.problems]
+
+
+def test_unrecognised_and_empty_files_are_left_as_they_are(store):
+    store.write_file("/notes.txt", b"hello " * 100_000)
+    store.write_file("/empty.bin", b"")
+    store.write_file("/fake.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    before = store.stats()
+    report = store.compact()
+    assert report.bodies == 3 and report.recut == 0
+    assert store.stats()["stored_bytes"] == before["stored_bytes"]
+    assert store.read_file("/notes.txt") == b"hello " * 100_000
+
+
+def test_stop_leaves_the_body_as_it_was(store):
+    files = series(store, 2)
+    report = store.compact(stop=lambda: True)
+    assert report.stopped and report.recut == 0
+    assert store.stats()["uncompacted_bodies"] == 6
+    store.gc()
+    assert_reads(store, files)
+    assert store.compact().recut == 4
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_workers_give_the_same_store(tmp_path, workers):
+    path = tmp_path / f"s{workers}"
+    Store.init(path, segment_size=4 << 20)
+    with Store.open(path) as s:
+        files = series(s, 3)
+        r = s.compact(workers=workers)
+        assert r.deltas > 0
+        s.gc()
+        assert_reads(s, files)
+        assert s.fsck().clean
+
+
+# -- model-based: any interleaving of saves, rewrites, removals, snapshots, compactions and
+# gc keeps every live file and every snapshot byte-exact ---------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+OPS = hs.lists(hs.tuples(hs.sampled_from(["save", "save", "save", "remove", "snapshot", "compact", "gc"]),
+                         hs.integers(0, 3), hs.integers(0, 2)), min_size=1, max_size=14)
+
+
+def model_file(step: int, dtype_ix: int, kind: int) -> bytes:
+    g = torch.Generator().manual_seed(7)
+    base = {f"t{i}": torch.randn(64 * (i + 1), 96, generator=g) for i in range(3)}
+    g.manual_seed(100 + step)
+    sd = {k: (v + 1e-3 * step * torch.randn(v.shape, generator=g)).to(DTYPES[dtype_ix]) for k, v in base.items()}
+    return st_save(sd) if kind == 0 else torch_bytes(sd)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_model_compaction_never_changes_what_reads_return(tmp_path_factory, ops):
+    path = tmp_path_factory.mktemp("model") / "store"
+    Store.init(path, segment_size=4 << 20)
+    live: dict[str, bytes] = {}
+    snaps: dict[str, dict[str, bytes]] = {}
+    step = 0
+    with Store.open(path) as s:
+        for op, a, b in ops:
+            if op == "save":
+                step += 1
+                name = f"/ckpt{a}.{'safetensors' if b == 0 else 'pt'}"
+                live[name] = model_file(step, b, b % 2 if b else 0)
+                s.write_file(name, live[name])
+            elif op == "remove" and live:
+                name = sorted(live)[a % len(live)]
+                s.unlink(1, name[1:].encode())
+                del live[name]
+            elif op == "snapshot":
+                snaps[f"s{len(snaps)}"] = dict(live)
+                s.snapshot_create(f"s{len(snaps) - 1}")
+            elif op == "compact":
+                s.compact(workers=1 + a % 2)
+            elif op == "gc":
+                s.gc()
+            assert_reads(s, live)
+        for name, files in snaps.items():
+            gen = s.snapshot(name).gen
+            for p, data in files.items():
+                assert s.read_file(p, gen) == data, (name, p)
+        report = s.fsck()
+        assert report.clean, [p.line() for p in report.problems]

@@ -1,0 +1,92 @@
+"""`cowfs upgrade`: a store made by cowfs format version 1 (tests/data/store-v1.tar.gz, made
+by that version's code: /run/model.bin written twice, then snapshot "first", then
+/notes.txt) is refused with a clear error until upgraded, then reads and writes as before."""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cowfs.errors import Busy, StoreError
+from cowfs.store import Store
+from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, LOCK_FILE
+from cowfs.store.upgrade import _upgrade_catalog, upgrade
+from tests.support.storeutil import assert_clean
+
+V1 = Path(__file__).parent.parent / "data" / "store-v1.tar.gz"
+MODEL_V1 = bytes(range(256)) * 4096
+MODEL_V2 = bytes(range(256)) * 4000 + b"v2"
+
+
+@pytest.fixture
+def v1_store(tmp_path: Path) -> Path:
+    with tarfile.open(V1) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "v1store"
+
+
+def check_contents(path: Path) -> None:
+    with Store.open(path) as s:
+        assert s.read_file("/run/model.bin") == MODEL_V2
+        first = s.snapshot("first").gen
+        assert s.read_file("/run/model.bin", first) == MODEL_V2
+        older = s.history("/run/model.bin")[-1]
+        assert s.read_file("/run/model.bin", older.birth_gen) == MODEL_V1
+        assert s.read_file("/notes.txt") == b"hello v1\n"
+
+
+def test_old_store_is_refused_with_the_command_to_run(v1_store: Path) -> None:
+    with pytest.raises(StoreError, match=r"format version 1 .*cowfs upgrade"):
+        Store.open(v1_store)
+
+
+def test_upgrade_keeps_everything_and_the_store_works(v1_store: Path) -> None:
+    assert upgrade(v1_store) == (1, FORMAT_VERSION)
+    check_contents(v1_store)
+    with Store.open(v1_store) as s:
+        s.write_file("/run/model.bin", MODEL_V1 + b"v3")
+        assert s.compact().bodies >= 1
+        s.gc()
+        assert s.read_file("/run/model.bin") == MODEL_V1 + b"v3"
+    assert upgrade(v1_store) == (FORMAT_VERSION, FORMAT_VERSION)
+    assert_clean(v1_store)
+
+
+def test_upgrade_interrupted_after_the_catalog_finishes_next_time(v1_store: Path) -> None:
+    _upgrade_catalog(v1_store / CATALOG_FILE)  # the crash: catalog done, config still says 1
+    with pytest.raises(StoreError, match="cowfs upgrade"):
+        Store.open(v1_store)
+    assert upgrade(v1_store) == (1, FORMAT_VERSION)
+    check_contents(v1_store)
+    assert_clean(v1_store)
+
+
+def test_upgrade_of_a_store_in_use_is_refused(v1_store: Path) -> None:
+    fd = os.open(v1_store / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(Busy, match="in use"):
+            upgrade(v1_store)
+    finally:
+        os.close(fd)
+    assert upgrade(v1_store)[1] == FORMAT_VERSION
+
+
+def test_cli_upgrade(v1_store: Path, tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, timeout=120)
+
+    r = cli("ls", str(v1_store), "/")
+    assert r.returncode != 0 and b"cowfs upgrade" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = cli("upgrade", str(v1_store))
+    assert r.returncode == 0 and f"format version {FORMAT_VERSION} (upgraded from 1)".encode() in r.stdout
+    r = cli("upgrade", str(v1_store))
+    assert r.returncode == 0 and b"already" in r.stdout
+    r = cli("upgrade", str(tmp_path / "nothing-here"))
+    assert r.returncode != 0 and len(r.stderr.splitlines()) == 1
+    check_contents(v1_store)
