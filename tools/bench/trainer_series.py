@@ -4,6 +4,8 @@
     python -m tools.bench.trainer_series --dtype fp32 --out /tmp/series-fp32
     python -m tools.bench.trainer_series --dtype fp32 --plain --out /tmp/series-plain-fp32
 
+(tools/bench/codecs.py builds what it needs itself, through seriescache.ensure.)
+
 Trainer mode: a small GPT-2 built from a GPT2Config in code (no download), trained on
 synthetic token data, AdamW (Trainer's default optimizer), lr 5e-5, a checkpoint every
 `--save-steps` steps, `--checkpoints` of them, save_total_limit=None. Trainer writes
@@ -16,6 +18,8 @@ bfloat16 too (no autocast, no fp32 master copy). fp32: fp32 model and fp32 AdamW
 --plain: no Trainer; the same model and a torch.optim.AdamW, and after every `--save-steps`
 steps one torch.save({"model": ..., "optimizer": ...}) to the same file name; each version
 is kept in OUT/save-N/checkpoint.pt so the codec benchmark can read them all.
+
+When the run is done, OUT/series.json describes it (its presence marks a complete series).
 
 A bench tool: cowfs/ never imports it.
 """
@@ -30,6 +34,8 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+
+from .seriescache import MARKER
 
 VOCAB = 8192
 SEQ = 64
@@ -153,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     info = describe(args.out)
     info.update(seconds=round(time.perf_counter() - t0, 1), dtype=args.dtype, plain=args.plain,
                 torch=torch.__version__)
-    print(json.dumps(info, indent=1))
+    text = json.dumps(info, indent=1)
+    (args.out / MARKER).write_text(text + "\n")
+    print(text)
     return 0
 
 
