@@ -1,7 +1,7 @@
 """Checkpoint codec measurement (issue 14): what each codec and delta layout would store for
 a real Trainer checkpoint series, and how fast it encodes and decodes.
 
-    python -m tools.bench.codecs --work /var/tmp/cowfs-codecs --md out.md --json out.json
+    python -m tools.bench.codecs --work /var/tmp/cowfs-codecs --peers --md out.md --json out.json
 
 For each series (default: a bf16 and an fp32 HF Trainer run; tools/bench/trainer_series.py,
 built under --work unless already there), every file is cut the way the engine will cut it
@@ -32,7 +32,7 @@ import numpy as np
 
 from cowfs.store.chunking import chunk_id, cut_all
 
-from . import schemes, seriescache
+from . import peers, schemes, seriescache
 from .codeclib import TRANSFORMS, all_coders
 from .codecmeasure import bit_stats, jobs_of, measure_sizes, measure_speed, rest_cost
 from .pieces import Version, load_series
@@ -97,6 +97,13 @@ def run_series(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any
             res["speed"][cname] = {"whole": measure_speed(whole_jobs, coder, False, args.reps),
                                    "xor": measure_speed(delta_jobs, coder, True, args.reps)}
             log(f"  speed {cname}: whole enc {res['speed'][cname]['whole']['enc_1t']}")
+    if args.peers:
+        res["peers"] = {}
+        for tool, out in peers.measure(path, args.work / "peers").items():
+            if out is not None:
+                out["ratio"] = out["repo_bytes"] / logical
+            res["peers"][tool] = out
+            log(f"  {tool}: {out}")
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 
@@ -118,6 +125,9 @@ def markdown(res: dict[str, Any]) -> str:
            "Stored/logical over the whole series (non-tensor rest and dedup included in every cell):", ""]
     rows = [[name] + [f"{r[c]:.3f}" if c in r else "-" for c in MAIN_COLUMNS] for name, r in res["ratios"].items()]
     extra = [["cowfs today (64 KiB CDC dedup, raw)", f"{res['cowfs_today']:.3f}"] + [""] * (len(MAIN_COLUMNS) - 1)]
+    for tool, p in (res.get("peers") or {}).items():
+        extra.append([f"{tool} ({p['tool']}, {p['settings']})" if p else f"{tool}: not installed",
+                      f"{p['ratio']:.3f}" if p else "-"] + [""] * (len(MAIN_COLUMNS) - 1))
     out += _table(["codec"] + MAIN_COLUMNS, rows + extra)
     eng = next(iter(res["ratios"]))
     r = res["ratios"][eng]
@@ -165,7 +175,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench.codecs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, required=True, help="where the series are built and kept")
+    ap.add_argument("--work", type=Path, required=True, help="where the series are built and kept (and peer repos)")
     ap.add_argument("--series", default="bf16,fp32", help=f"comma-separated, of {', '.join(seriescache.SERIES)}")
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--piece-kib", type=int, default=1024)
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transforms", default="xor,sub", help=f"delta transforms, of {', '.join(TRANSFORMS)}")
     ap.add_argument("--reps", type=int, default=5, help="timing repetitions (0: no timing)")
     ap.add_argument("--jobs", type=int, default=2, help="threads for the size passes")
+    ap.add_argument("--peers", action="store_true", help="also store each series in restic and borg")
     ap.add_argument("--md", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
