@@ -73,6 +73,7 @@ class Coder:
     decode: Callable[[bytes, int, int], np.ndarray]
     note: str = ""
     lib_threads: bool = False  # the library can spread one piece over its own threads
+    blosc2: bool = False  # runs in Blosc2 (whose GIL release is a process-wide switch)
     set_threads: Callable[[int], None] = field(default=lambda n: None)
     # the engine's own delta path ((codec, payload) = encode_delta(piece, size, base)),
     # used instead of a transform + encode when set (xor only)
@@ -99,7 +100,7 @@ def engine_coder() -> Coder:
         return np.frombuffer(engine.decode(codec, blob, n, lambda i: base), np.uint8)
 
     return Coder(f"engine: shuffle+zstd-{engine.CLEVEL}", enc, dec, "cowfs.store.codecs, nthreads=1",
-                 encode_delta=enc_delta, decode_delta=dec_delta)
+                 blosc2=True, encode_delta=enc_delta, decode_delta=dec_delta)
 
 
 ENGINE_BASE_ID = bytes(engine.ID_SIZE)  # the base's chunk id: its value does not change sizes
@@ -121,7 +122,7 @@ def blosc2_coder(label: str, filt: blosc2.Filter, codec: blosc2.Codec, clevel: i
         state["nthreads"] = n
 
     note = f"blosc2 {blosc2.__version__}" + (f", typesize {typesize}" if typesize else "")
-    return Coder(label, enc, dec, note, True, set_threads)
+    return Coder(label, enc, dec, note, True, True, set_threads)
 
 
 def numcodecs_coder(level: int) -> Coder:
@@ -193,7 +194,7 @@ def zipnn_coder() -> Coder | None:
 
     import zipnn
     version = getattr(zipnn, "__version__", "?")
-    return Coder("zipnn", enc, dec, f"zipnn {version} (AUTO; imports torch)", True, set_threads)
+    return Coder("zipnn", enc, dec, f"zipnn {version} (AUTO; imports torch)", True, set_threads=set_threads)
 
 
 def all_coders() -> dict[str, Coder]:

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import blosc2
 import numpy as np
 
 from cowfs.store import codecs as engine
@@ -99,29 +100,32 @@ def _timed(fn: Callable[[], object], reps: int) -> list[float]:
     return out
 
 
-def _codec_fns(coder: Coder, delta: bool) -> tuple[Callable[[Job], Any], Callable[[Job, Any], np.ndarray]]:
-    """encode(job) -> blob and decode(job, blob) -> piece, whole or (delta) XOR against the
-    job's base; the engine's delta is its own encode_delta/decode."""
-    if not delta:
+def _codec_fns(coder: Coder, transform: str | None) -> tuple[Callable[[Job], Any], Callable[[Job, Any], np.ndarray]]:
+    """encode(job) -> blob and decode(job, blob) -> piece, whole or (transform) as a delta
+    against the job's base; the engine's XOR delta is its own encode_delta/decode."""
+    if transform is None:
         return (lambda j: coder.encode(j[1], j[0].elem_size),
                 lambda j, b: coder.decode(b, j[0].elem_size, j[0].length))
-    if coder.encode_delta is not None and coder.decode_delta is not None:
+    if transform == "xor" and coder.encode_delta is not None and coder.decode_delta is not None:
         ed, dd = coder.encode_delta, coder.decode_delta
         return (lambda j: ed(j[1], j[0].elem_size, j[2]),
                 lambda j, b: dd(b[0], b[1], j[0].elem_size, j[0].length, j[2]))
-    t = TRANSFORMS["xor"]
+    t = TRANSFORMS[transform]
     return (lambda j: coder.encode(t.forward(j[1], j[2], j[0].elem_size), j[0].elem_size),
             lambda j, b: t.inverse(coder.decode(b, j[0].elem_size, j[0].length), j[2], j[0].elem_size))
 
 
-def measure_speed(jobs: list[Job], coder: Coder, delta: bool, reps: int) -> dict[str, Any]:
-    """MB/s (1e6 bytes of piece data) encoding and decoding `jobs`: one thread; the library's
-    own nthreads=2 (one caller); two worker threads over pieces (library nthreads=1).
-    A delta includes the XOR both ways (the base is in memory). Checks the round trip."""
-    if delta:
+def measure_speed(jobs: list[Job], coder: Coder, transform: str | None, reps: int) -> dict[str, Any]:
+    """MB/s (1e6 bytes of piece data) encoding and decoding `jobs` (whole, or as `transform`
+    deltas, the transform both ways included; the base is in memory): one thread; the
+    library's own nthreads=2 (one caller); two worker threads over pieces (library
+    nthreads=1), and for Blosc2 the same with the GIL held during (de)compression, which is
+    Blosc2's default (the benchmark runs with blosc2.set_releasegil(True) otherwise).
+    Checks the round trip."""
+    if transform is not None:
         jobs = [j for j in jobs if j[2] is not None]
     nbytes = sum(j[0].length for j in jobs)
-    enc, dec = _codec_fns(coder, delta)
+    enc, dec = _codec_fns(coder, transform)
     coder.set_threads(1)
     blobs = [enc(j) for j in jobs]
     ok = all(np.array_equal(dec(j, b), j[1]) for j, b in zip(jobs, blobs))
@@ -134,9 +138,16 @@ def measure_speed(jobs: list[Job], coder: Coder, delta: bool, reps: int) -> dict
         res["enc_lib2"] = _rates(nbytes, _timed(lambda: [enc(j) for j in jobs], reps))
         res["dec_lib2"] = _rates(nbytes, _timed(lambda: [dec(j, b) for j, b in pairs], reps))
         coder.set_threads(1)
+    modes = [("", True)] + ([("_gil", False)] if coder.blosc2 else [])
     with ThreadPoolExecutor(2) as pool:
-        res["enc_pool2"] = _rates(nbytes, _timed(lambda: list(pool.map(enc, jobs)), reps))
-        res["dec_pool2"] = _rates(nbytes, _timed(lambda: list(pool.map(lambda jb: dec(*jb), pairs)), reps))
+        for suffix, release in modes:
+            previous = blosc2.set_releasegil(release)
+            try:
+                res["enc_pool2" + suffix] = _rates(nbytes, _timed(lambda: list(pool.map(enc, jobs)), reps))
+                res["dec_pool2" + suffix] = _rates(
+                    nbytes, _timed(lambda: list(pool.map(lambda jb: dec(*jb), pairs)), reps))
+            finally:
+                blosc2.set_releasegil(previous)
     return res
 
 

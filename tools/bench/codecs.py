@@ -11,7 +11,7 @@ and as a delta (XOR, zigzag subtraction) against the same piece of the next newe
 the layouts (tools/bench/schemes.py) are priced from those sizes. The non-tensor rest is
 priced once (deduplicated chunks, the engine's encode_whole) and added to every row, as is
 global dedup of identical pieces. Throughput is measured on the newest version (whole) and
-the one before it against it (delta), --reps times. --peers stores the same series in
+the one before it against it (deltas), --reps times. --peers stores the same series in
 restic and borg (tools/bench/peers.py).
 
 A bench tool: cowfs/ never imports it.
@@ -94,8 +94,9 @@ def run_series(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any
     if args.reps > 0:
         whole_jobs, delta_jobs = jobs_of(series[-1], None), jobs_of(series[-2], series[-1])
         for cname, coder in coders.items():
-            res["speed"][cname] = {"whole": measure_speed(whole_jobs, coder, False, args.reps),
-                                   "xor": measure_speed(delta_jobs, coder, True, args.reps)}
+            res["speed"][cname] = {"whole": measure_speed(whole_jobs, coder, None, args.reps)}
+            for t in args.transforms:
+                res["speed"][cname][t] = measure_speed(delta_jobs, coder, t, args.reps)
             log(f"  speed {cname}: whole enc {res['speed'][cname]['whole']['enc_1t']}")
     if args.peers:
         res["peers"] = {}
@@ -154,22 +155,34 @@ def markdown(res: dict[str, Any]) -> str:
     out += [f"- {c}: identical {s['identical']:.3f}; zero XOR bytes {s['zero_xor_bytes_msb_first']}"
             for c, s in sorted(res["bits"].items())]
     if res["speed"]:
-        sp = next(iter(res["speed"].values()))
-        out += ["", f"Throughput, MB/s of checkpoint data (1e6 B), median (min-max) of the reps: whole = the newest "
-                f"checkpoint ({sp['whole']['mb']} MB), xor = the one before as XOR against it ({sp['xor']['mb']} MB, "
-                "the XOR both ways included). 1T: one thread; lib 2T: the library's nthreads=2; "
-                "2 workers: two threads over pieces, library nthreads=1.", ""]
-        head = ["codec", "enc 1T", "enc lib 2T", "enc 2 workers", "dec 1T", "dec lib 2T", "dec 2 workers",
-                "xor enc 1T", "xor enc lib 2T", "xor dec 1T", "xor dec lib 2T", "round trip"]
-        rows = []
-        for name, s in res["speed"].items():
-            w, x = s["whole"], s["xor"]
-            rows.append([name] + [_cell(w.get(k)) for k in ("enc_1t", "enc_lib2", "enc_pool2", "dec_1t", "dec_lib2",
-                                                           "dec_pool2")]
-                        + [_cell(x.get(k)) for k in ("enc_1t", "enc_lib2", "dec_1t", "dec_lib2")]
-                        + ["ok" if w["roundtrip_ok"] and x["roundtrip_ok"] else "FAILED"])
-        out += _table(head, rows)
+        out += speed_tables(res["speed"])
     return "\n".join(out)
+
+
+def speed_tables(speed: dict[str, Any]) -> list[str]:
+    sp = next(iter(speed.values()))
+    deltas = [t for t in sp if t != "whole"]
+    out = ["", f"Throughput, MB/s of checkpoint data (1e6 B), median (min-max) of the reps, on the newest "
+           f"checkpoint ({sp['whole']['mb']} MB). 1T: one thread; lib 2T: the library's nthreads=2, one caller; "
+           "2 workers: two threads over pieces, library nthreads=1, Blosc2 releasing the GIL "
+           "(blosc2.set_releasegil(True)); GIL held: the same with Blosc2's default, which holds it.", ""]
+    head = ["codec", "enc 1T", "enc lib 2T", "enc 2 workers", "enc 2 workers, GIL held",
+            "dec 1T", "dec lib 2T", "dec 2 workers", "dec 2 workers, GIL held"]
+    keys = ("enc_1t", "enc_lib2", "enc_pool2", "enc_pool2_gil", "dec_1t", "dec_lib2", "dec_pool2", "dec_pool2_gil")
+    out += _table(head, [[name] + [_cell(s["whole"].get(k)) for k in keys] for name, s in speed.items()])
+    if deltas:
+        out += ["", "Deltas: the checkpoint before the newest coded against the newest (transform both ways "
+                "included; the engine row's xor is cowfs.store.codecs.encode_delta, which also codes the piece "
+                "whole and keeps the smaller):", ""]
+        head = ["codec"] + [f"{t} {k}" for t in deltas for k in ("enc 1T", "enc 2 workers", "dec 1T", "dec 2 workers")]
+        head.append("round trip")
+        rows = []
+        for name, s in speed.items():
+            cells = [name] + [_cell(s[t].get(k)) for t in deltas for k in ("enc_1t", "enc_pool2", "dec_1t", "dec_pool2")]
+            cells.append("ok" if all(v["roundtrip_ok"] for v in s.values()) else "FAILED")
+            rows.append(cells)
+        out += _table(head, rows)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.transforms = [t for t in args.transforms.split(",") if t]
     args.work.mkdir(parents=True, exist_ok=True)
+    blosc2.set_releasegil(True)  # as the engine's worker threads need it; measure_speed also times it held
     env = {"machine": f"{os.cpu_count()} CPUs", "load_at_start": os.getloadavg(), "blosc2": blosc2.__version__,
            "numpy": np.__version__, "argv": sys.argv[1:]}
     results = []
