@@ -151,11 +151,26 @@ def measure_speed(jobs: list[Job], coder: Coder, transform: str | None, reps: in
     return res
 
 
+def _plane_entropy_bits(hists: np.ndarray) -> float:
+    """Total order-0 entropy (bits) of byte planes given their byte histograms (planes x 256)."""
+    total = 0.0
+    for h in hists:
+        n = h.sum()
+        if n:
+            pr = h[h > 0] / n
+            total += float(-(pr * np.log2(pr)).sum()) * n
+    return total
+
+
 def bit_stats(series: list[Version]) -> dict[str, dict[str, Any]]:
-    """Per category over consecutive versions: share of elements bit-identical, and per byte
-    position (most significant first) the share of XOR bytes that are zero."""
+    """Per category over consecutive versions (each older one against the next newer):
+    share of elements bit-identical; per byte position (most significant first) the share
+    of XOR bytes that are zero; and the order-0 entropy of each byte plane of the piece, of
+    its XOR and of its zigzag difference, summed and divided by 8 bits: roughly what a coder
+    that codes each byte plane on its own, without context, could reach (pieces >= 4 KiB)."""
     same: dict[str, list[int]] = {}
     zero: dict[str, np.ndarray] = {}
+    hists: dict[tuple[str, str], np.ndarray] = {}
     for older, newer in zip(series, series[1:]):
         for p, data, base in jobs_of(older, newer):
             if base is None or p.elem_size not in (2, 4, 8):
@@ -166,6 +181,20 @@ def bit_stats(series: list[Version]) -> dict[str, dict[str, Any]]:
             s[1] += data.size // p.elem_size
             x = np.bitwise_xor(data, base).reshape(-1, p.elem_size)
             zero[p.category] = zero.get(p.category, 0) + (x == 0).sum(axis=0)[::-1]
-    return {c: {"identical": round(s[0] / max(s[1], 1), 4),
-                "zero_xor_bytes_msb_first": [round(float(z) / max(s[1], 1), 3) for z in zero[c]]}
-            for c, s in same.items()}
+            if p.length < 4096:
+                continue
+            for kind, buf in (("whole", data), ("xor", x.reshape(-1)),
+                              ("sub", TRANSFORMS["sub"].forward(data, base, p.elem_size))):
+                planes = buf.reshape(-1, p.elem_size).T
+                h = np.stack([np.bincount(planes[b], minlength=256) for b in range(p.elem_size)])
+                key = (p.category, kind)
+                hists[key] = hists[key] + h if key in hists else h
+    out: dict[str, dict[str, Any]] = {}
+    for c, s in same.items():
+        out[c] = {"identical": round(s[0] / max(s[1], 1), 4),
+                  "zero_xor_bytes_msb_first": [round(float(z) / max(s[1], 1), 3) for z in zero[c]]}
+        for kind in ("whole", "xor", "sub"):
+            if (c, kind) in hists:
+                h = hists[(c, kind)]
+                out[c][f"entropy_{kind}"] = round(_plane_entropy_bits(h) / (8 * h.sum()), 3)
+    return out

@@ -150,10 +150,13 @@ def markdown(res: dict[str, Any]) -> str:
         if k in res["categories"][eng])] for c in sorted(cats)]
     out += _table(["file:role", "MB", "ratios"], cat_rows)
     out += ["", f"Non-tensor rest: {res['rest_raw'] / 1e6:.2f} MB raw, {res['rest_stored'] / 1e6:.2f} MB stored.",
-            "", "Consecutive checkpoints: share of elements bit-identical; share of zero XOR bytes, most "
-            "significant byte first:", ""]
-    out += [f"- {c}: identical {s['identical']:.3f}; zero XOR bytes {s['zero_xor_bytes_msb_first']}"
-            for c, s in sorted(res["bits"].items())]
+            "", "Consecutive checkpoints (each against the next newer): share of elements bit-identical; share "
+            "of zero XOR bytes, most significant byte first; order-0 entropy of the byte planes / 8 bits "
+            "(whole / xor / sub), a rough floor for coders of byte planes without context:", ""]
+    for c, s in sorted(res["bits"].items()):
+        ent = " / ".join(f"{s[k]:.3f}" for k in ("entropy_whole", "entropy_xor", "entropy_sub") if k in s)
+        out.append(f"- {c}: identical {s['identical']:.3f}; zero XOR bytes {s['zero_xor_bytes_msb_first']}"
+                   + (f"; entropy {ent}" if ent else ""))
     if res["speed"]:
         out += speed_tables(res["speed"])
     return "\n".join(out)
