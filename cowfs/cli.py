@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("compact", help="store checkpoints as tensor pieces, compressed and delta-encoded",
                        description="Re-cut every file committed since the last compaction: recognised checkpoint "
                        "formats (safetensors, torch.save, .distcp, .npy) into tensor pieces, stored byte-grouped and "
-                       "compressed, older pieces as deltas against a keyframe of the same tensor. Reads return the same "
+                       "compressed, older pieces as deltas against the next newer piece of the same tensor. Reads return the same "
                        "bytes; the records it replaces are given back by gc. The daemon also does this when idle.",
                        epilog="example: cowfs compact /mnt/ckpt && cowfs gc /mnt/ckpt")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)

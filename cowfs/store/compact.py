@@ -10,8 +10,8 @@ oldest first:
 2. pieces and chunks not stored yet are encoded (codecs.encode_whole) in worker threads
    and appended to the log; those already stored are shared (dedup stays global);
 3. for every tensor piece whose lineage (lineage.py) had a different newest piece, the
-   superseded piece is re-encoded as a delta against the lineage's keyframe and appended
-   as a new record of the same chunk id;
+   superseded piece is re-encoded as a delta against the new one (unless that would make
+   a read touch more than MAX_CHAIN records) and appended as a new record of its chunk id;
 4. the log is synced, then one catalog transaction adds the new chunks, a new body with
    the new extents, points every version of the old body at it, switches each re-encoded
    chunk to its new record, and advances the lineages. The old body, its chunks and the
@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Callable
 from . import lineage
 from .catalog import Txn
 from .chunking import chunk_id, cut_all
-from .codecs import encode_delta, encode_whole
+from .codecs import DELTA_CODECS, encode_delta, encode_whole
 from .content import Extent, load_extents
 from .formats import regions
 from .log import LOCATION_COLS, Location, location
 from .pieces import Span, plan
-from .records import CODEC_XOR
 
 if TYPE_CHECKING:
     from .store import Store
@@ -74,8 +73,18 @@ class _Delta:
     cid: int  # the superseded piece, re-encoded
     old: Location
     new: Location
-    base_cid: int
+    base: bytes  # the id of the piece it is now a delta against (one of this body's)
     saved: int
+
+
+@dataclass(frozen=True)
+class _Job:
+    cid: int  # the superseded piece
+    chunk: bytes
+    loc: Location
+    base: bytes  # the new piece
+    base_raw: memoryview
+    elem_size: int
 
 
 def pending(conn: sqlite3.Connection) -> list[tuple[int, int]]:
@@ -120,6 +129,7 @@ class _Body:
         self.pieces: list[_Piece] = []
         self.extents: list[Extent] = []  # the new body's, locations of chunks appended or known
         self.deltas: list[_Delta] = []
+        self.superseded: set[int] = set()
 
     def run(self) -> bool:
         """False when stopped before the end (nothing changed)."""
@@ -143,7 +153,6 @@ class _Body:
                     self._store_batch(reader, batch)
             finally:
                 reader.close()
-            self._plan_deltas()
             store.log.sync()
             with store.index.gc_lock:
                 retired = store.catalog.write(self._commit, op="compact")
@@ -200,58 +209,54 @@ class _Body:
             if s.key is not None:
                 self.pieces.append(_Piece(s, h))
                 self.report.pieces += 1
-
+        self._supersede([(s, view, h) for (s, view), h in zip(cut, ids) if s.key is not None])
     # -- step 3 ---------------------------------------------------------------------------
 
-    def _plan_deltas(self) -> None:
-        jobs = self.store.catalog.read(self._delta_jobs)
-        self.pinned.extend(h for job in jobs for h in (job[1], job[4]))
-        self.store.index.pin([h for job in jobs for h in (job[1], job[4])])
+    def _supersede(self, pieces: list[tuple[Span, memoryview, bytes]]) -> None:
+        """Re-encode the pieces these supersede as deltas against them (while their bytes
+        are at hand)."""
+        jobs = self.store.catalog.read(lambda conn: self._delta_jobs(conn, pieces))
+        if not jobs:
+            return
+        self.pinned.extend(j.chunk for j in jobs)
+        self.store.index.pin([j.chunk for j in jobs])
         results = list(self.pool.map(self._encode_delta, jobs))
-        good = [(job, enc) for job, enc in zip(jobs, results) if enc is not None and enc.codec == CODEC_XOR]
+        good = [(job, enc) for job, enc in zip(jobs, results) if enc is not None]
         if not good:
             return
-        locs = self.store.log.append_records([(job[1], enc.payload, job[2].length, enc.codec) for job, enc in good])
-        for (job, enc), loc in zip(good, locs):
-            self.store.index.add_location(job[1], loc)
-            self.deltas.append(_Delta(job[0], job[2], loc, job[3], job[2].stored_len - loc.stored_len))
+        locs = self.store.log.append_records([(j.chunk, enc.payload, j.loc.length, enc.codec) for j, enc in good])
+        for (job, _enc), loc in zip(good, locs):
+            self.store.index.add_location(job.chunk, loc)
+            self.deltas.append(_Delta(job.cid, job.loc, loc, job.base, job.loc.stored_len - loc.stored_len))
 
-    def _delta_jobs(self, conn: sqlite3.Connection) -> list[tuple[int, bytes, Location, int, bytes, Location, int]]:
-        """(piece cid, hash, location, base cid, base hash, base location, elem size) for each
-        superseded piece that can become a delta: it and its base are whole records of the
-        same length, and nothing is a delta against it."""
+    def _delta_jobs(self, conn: sqlite3.Connection, pieces: list[tuple[Span, memoryview, bytes]]) -> list[_Job]:
+        """A job for each superseded piece that can become a delta: a whole record of the same
+        length, seen once, and the chain rule of lineage.may_lean_on holds."""
         jobs = []
-        seen: set[int] = set()
-        for p in self.pieces:
-            old = lineage.lookup(conn, p.span.key, p.span.index)  # type: ignore[arg-type]
-            if old is None or old.cid in seen:
+        for span, view, h in pieces:
+            assert span.key is not None
+            q = lineage.lookup(conn, span.key, span.index)
+            if q is None or q in self.superseded:
                 continue
-            base = lineage.delta_base(old)
-            if base is None:
+            row = conn.execute(f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE cid=?", (q,)).fetchone()
+            if row is None or bytes(row[0]) == h:
                 continue
-            rows = {cid: (bytes(h), location(*loc)) for cid, h, *loc in conn.execute(
-                f"SELECT cid, hash, {LOCATION_COLS} FROM chunks WHERE cid IN (?, ?)", (old.cid, base))}
-            if old.cid not in rows or base not in rows or rows[old.cid][0] == p.chunk:
+            loc = location(*row[1:])
+            p = conn.execute("SELECT cid FROM chunks WHERE hash=?", (h,)).fetchone()
+            p_chain = lineage.chain(conn, p[0]) if p else [-1]  # a new piece: one whole record
+            if loc.codec in DELTA_CODECS or loc.length != len(view) or not lineage.may_lean_on(conn, q, p_chain):
                 continue
-            (h, loc), (bh, bloc) = rows[old.cid], rows[base]
-            if loc.codec == CODEC_XOR or bloc.codec == CODEC_XOR or loc.length != bloc.length:
-                continue
-            if conn.execute("SELECT 1 FROM chunks WHERE base_cid=? LIMIT 1", (old.cid,)).fetchone():
-                continue
-            seen.add(old.cid)
-            jobs.append((old.cid, h, loc, base, bh, bloc, p.span.elem_size))
+            self.superseded.add(q)
+            jobs.append(_Job(q, bytes(row[0]), loc, h, view, span.elem_size))
         return jobs
 
-    def _encode_delta(self, job: tuple[int, bytes, Location, int, bytes, Location, int]):  # type: ignore[no-untyped-def]
-        _cid, h, loc, _base, bh, bloc, elem = job
+    def _encode_delta(self, job: _Job):  # type: ignore[no-untyped-def]
         try:
-            raw = self.store.log.read_chunk(loc, h)
-            base_raw = self.store.log.read_chunk(bloc, bh)
+            raw = self.store.log.read_chunk(job.loc, job.chunk)
         except Exception as e:  # a damaged piece stays as it is; fsck reports it
-            self.report.errors.append(f"chunk {h.hex()[:16]}: not re-encoded ({e})")
+            self.report.errors.append(f"chunk {job.chunk.hex()[:16]}: not re-encoded ({e})")
             return None
-        enc = encode_delta(raw, elem, bh, base_raw)
-        return enc if enc.stored_len < loc.stored_len else None
+        return encode_delta(raw, job.elem_size, job.base, job.base_raw, beat=job.loc.stored_len)
 
     # -- step 4 ---------------------------------------------------------------------------
 
@@ -282,13 +287,15 @@ class _Body:
         ends: dict[int, int] = {}
         for loc in list(locs.values()) + [d.new for d in self.deltas]:
             ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
-        for d in self.deltas:
+        for d in self.deltas:  # checked again here: earlier switches in this loop count too
+            base = cids[d.base]
+            if not lineage.may_lean_on(txn.conn, d.cid, lineage.chain(txn.conn, base)):
+                continue
             changed = txn.execute(
                 "UPDATE chunks SET seg_id=?, offset=?, stored_len=?, codec=?, base_cid=? WHERE cid=? AND seg_id=?"
-                " AND offset=? AND NOT EXISTS (SELECT 1 FROM chunks b WHERE b.base_cid=?)"
-                " AND EXISTS (SELECT 1 FROM chunks b WHERE b.cid=? AND b.codec != ?)",
-                (d.new.seg_id, d.new.offset, d.new.stored_len, d.new.codec, d.base_cid, d.cid, d.old.seg_id,
-                 d.old.offset, d.cid, d.base_cid, CODEC_XOR)).rowcount
+                " AND offset=? AND base_cid IS NULL",
+                (d.new.seg_id, d.new.offset, d.new.stored_len, d.new.codec, base, d.cid, d.old.seg_id,
+                 d.old.offset)).rowcount
             if changed:
                 retired.append((d.old.seg_id, d.old.offset, d.old.stored_len))
                 self.report.deltas += 1
@@ -298,9 +305,8 @@ class _Body:
         for p in self.pieces:
             key = p.span.key
             assert key is not None
-            old = lineage.lookup(txn.conn, key, p.span.index)
-            if old is None or old.cid != cids[p.chunk]:
-                lineage.advance(txn, key, p.span.index, cids[p.chunk], old)
+            if lineage.lookup(txn.conn, key, p.span.index) != cids[p.chunk]:
+                lineage.advance(txn, key, p.span.index, cids[p.chunk])
         return retired
 
 

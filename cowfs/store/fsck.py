@@ -22,9 +22,9 @@ from . import namespace as ns
 from .catalog import Txn, rebuild_catalog
 from .device import round_up
 from .layout import CATALOG_FILE, segment_path
-from .codecs import base_of
+from .codecs import DELTA_CODECS, base_of
 from .log import Location, location
-from .records import CODEC_RAW, CODEC_XOR, DATA_START, RecordError, decode_segment_header, record_span, scan_records
+from .records import CODEC_RAW, DATA_START, RecordError, decode_segment_header, record_span, scan_records
 from .schema import LIVE, ROOT_INO
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def _verify(store: "Store", conn: sqlite3.Connection, h: bytes, loc: Location, b
     if not loc.encoded:
         return None if blake3.blake3(payload).digest() == h else "content hash mismatch"
     try:
-        if loc.codec == CODEC_XOR:
+        if loc.codec in DELTA_CODECS:
             row = conn.execute("SELECT hash FROM chunks WHERE cid=?", (base_cid,)).fetchone() if base_cid else None
             if row is None or bytes(row[0]) != base_of(loc.codec, payload):
                 return "a delta whose base is not in the catalog as recorded"
@@ -300,7 +300,7 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
             continue
         try:
             store.log.read_chunk(copy, bytes(row[0]))  # header CRC, decoding and BLAKE3
-            if copy.codec == CODEC_XOR:
+            if copy.codec in DELTA_CODECS:
                 bases[cid] = base_of(copy.codec, store.log.read_payload(copy, bytes(row[0])))  # type: ignore[assignment]
         except Exception:
             continue

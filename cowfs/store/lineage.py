@@ -1,24 +1,25 @@
-"""The lineage index: for each tensor piece (tensor name, dtype, shape; piece k), the newest
-piece the compactor has seen, the one before it and the newest keyframe, so the next
-checkpoint's piece k of the same tensor finds its base wherever the file lives (a new
-`checkpoint-N/` directory, a new Lightning file name, the same path rewritten).
+"""The lineage index and the delta policy.
 
-Delta policy (docs/design.md, "Compaction"): the newest piece of a lineage is stored
-whole. When a newer distinct piece arrives, the one it supersedes becomes a delta against
-the lineage's keyframe, unless it is itself a keyframe (every KEYFRAME_EVERY-th distinct
-piece is). So every delta's base is a whole record: a read touches at most 2 records per
-piece, and no delta ever has to be re-encoded when its base ages.
+The index keeps, for each tensor piece (tensor name, dtype, shape; piece k), the newest
+piece the compactor has seen, so the next checkpoint's piece k of the same tensor finds
+its predecessor wherever the file lives (a new `checkpoint-N/` directory, a new Lightning
+file name, the same path rewritten).
+
+Policy (docs/design.md, "Compaction"): reverse deltas. The newest piece of a lineage is
+stored whole; when a newer distinct piece P arrives, the piece Q it supersedes becomes a
+delta against P, unless that would make some read touch more than MAX_CHAIN records: the
+chain of deltas already leaning on Q (its height), Q itself and P's own records must fit.
+So every MAX_CHAIN-th piece of a lineage stays whole (a keyframe), older checkpoints read
+through at most MAX_CHAIN records per piece, and the newest reads one.
 """
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 
 import blake3
 
 from .catalog import Txn
-
-KEYFRAME_EVERY = 4  # one whole piece in every 4 distinct pieces of a lineage
+from .codecs import MAX_CHAIN
 
 
 def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
@@ -26,44 +27,42 @@ def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
     return blake3.blake3(text.encode()).digest()[:16]
 
 
-@dataclass(frozen=True)
-class LineageRow:
-    cid: int
-    prev_cid: int | None
-    keyframe: int | None
-    seq: int
+def lookup(conn: sqlite3.Connection, key: bytes, piece: int) -> int | None:
+    """The chunks.cid of the newest piece seen for (key, piece)."""
+    row = conn.execute("SELECT cid FROM lineage WHERE tensor_key=? AND piece=?", (key, piece)).fetchone()
+    return None if row is None else int(row[0])
 
 
-def lookup(conn: sqlite3.Connection, key: bytes, piece: int) -> LineageRow | None:
-    row = conn.execute("SELECT cid, prev_cid, keyframe, seq FROM lineage WHERE tensor_key=? AND piece=?",
-                       (key, piece)).fetchone()
-    return None if row is None else LineageRow(*row)
+def advance(txn: Txn, key: bytes, piece: int, cid: int) -> None:
+    txn.execute("INSERT OR REPLACE INTO lineage(tensor_key, piece, cid) VALUES (?,?,?)", (key, piece, cid))
 
 
-def advance(txn: Txn, key: bytes, piece: int, cid: int, old: LineageRow | None) -> None:
-    """Record `cid` as the newest piece (a distinct one: the caller checked cid != old.cid)."""
-    seq = 0 if old is None else old.seq + 1
-    if seq % KEYFRAME_EVERY == 0 or old is None:
-        keyframe: int | None = cid
-    elif old.keyframe is None:  # the keyframe is gone: the superseded piece stayed whole, it takes over
-        keyframe = old.cid
-    else:
-        keyframe = old.keyframe
-    txn.execute("INSERT OR REPLACE INTO lineage(tensor_key, piece, cid, prev_cid, keyframe, seq) VALUES (?,?,?,?,?,?)",
-                (key, piece, cid, None if old is None else old.cid, keyframe, seq))
+def height(conn: sqlite3.Connection, cid: int) -> int:
+    """How many deltas lean on chunk `cid` in the longest chain (0: none)."""
+    row = conn.execute(
+        "WITH RECURSIVE up(cid, h) AS (SELECT ?, 0 UNION ALL SELECT c.cid, up.h + 1 FROM chunks c"
+        " JOIN up ON c.base_cid = up.cid WHERE up.h < ?) SELECT max(h) FROM up", (cid, MAX_CHAIN + 1)).fetchone()
+    return int(row[0] or 0)
 
 
-def delta_base(old: LineageRow) -> int | None:
-    """The base the superseded piece `old.cid` should become a delta against, or None when it
-    stays whole (it is the keyframe, or the keyframe is gone)."""
-    if old.keyframe is None or old.keyframe == old.cid or old.seq % KEYFRAME_EVERY == 0:
-        return None
-    return old.keyframe
+def chain(conn: sqlite3.Connection, cid: int) -> list[int]:
+    """The chunk and the bases it decodes through, itself first (at most MAX_CHAIN + 1)."""
+    out = [cid]
+    while len(out) <= MAX_CHAIN:
+        row = conn.execute("SELECT base_cid FROM chunks WHERE cid=?", (out[-1],)).fetchone()
+        if row is None or row[0] is None:
+            break
+        out.append(int(row[0]))
+    return out
+
+
+def may_lean_on(conn: sqlite3.Connection, q: int, p_chain: list[int]) -> bool:
+    """Whether chunk q may become a delta against the chunk whose decoding chain is `p_chain`
+    (its records, itself first): no read would touch more than MAX_CHAIN records, and no
+    cycle would form."""
+    return q not in p_chain and height(conn, q) + 1 + len(p_chain) <= MAX_CHAIN
 
 
 def forget_dead_pieces(txn: Txn) -> None:
-    """After gc deleted chunks: lineage rows whose newest piece is gone go; a gone keyframe or
-    previous piece is forgotten (the next superseded piece then stays whole)."""
+    """After gc deleted chunks: lineage rows whose newest piece is gone go."""
     txn.execute("DELETE FROM lineage WHERE cid NOT IN (SELECT cid FROM chunks)")
-    txn.execute("UPDATE lineage SET keyframe=NULL WHERE keyframe IS NOT NULL AND keyframe NOT IN (SELECT cid FROM chunks)")
-    txn.execute("UPDATE lineage SET prev_cid=NULL WHERE prev_cid IS NOT NULL AND prev_cid NOT IN (SELECT cid FROM chunks)")

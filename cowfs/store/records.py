@@ -16,7 +16,7 @@ Record (starts at a multiple of RECORD_ALIGN; header then payload, then zero
 padding up to the next multiple of RECORD_ALIGN):
   0  4  magic b"CWFR"
   4  1  kind (1 = chunk)
-  5  1  codec (0 = raw bytes, 1 = grouped + compressed, 2 = XOR delta; codecs.py)
+  5  1  codec (0 = raw bytes, 1 = grouped + compressed, 2 = XOR delta, 3 = subtraction delta; codecs.py)
   6  2  reserved, 0
   8  4  stored length of the payload (u32)
   12 4  raw (decoded) length (u32)
@@ -46,7 +46,8 @@ KIND_CHUNK = 1
 CODEC_RAW = 0  # the payload is the raw bytes
 CODEC_GROUPED = 1  # a Blosc2 chunk of the raw bytes (codecs.py)
 CODEC_XOR = 2  # the base chunk's id, then a Blosc2 chunk of raw XOR base (codecs.py)
-KNOWN_CODECS = (CODEC_RAW, CODEC_GROUPED, CODEC_XOR)
+CODEC_SUB = 3  # the base chunk's id, then a Blosc2 chunk of zigzag(raw - base) per element (codecs.py)
+KNOWN_CODECS = (CODEC_RAW, CODEC_GROUPED, CODEC_XOR, CODEC_SUB)
 MAX_PAYLOAD = 1 << 24
 
 assert SEGMENT_HEADER.size == 64 and HEADER_SIZE == 64

@@ -39,8 +39,8 @@ CREATE TABLE chunks (
   stored_len INTEGER NOT NULL,         -- payload bytes in the record
   raw_len    INTEGER NOT NULL,         -- bytes of the chunk once decoded
   first_gen  INTEGER NOT NULL,         -- generation whose commit first stored it
-  codec      INTEGER NOT NULL DEFAULT 0,  -- how the record encodes it: 0 raw, 1 grouped, 2 XOR delta (codecs.py)
-  base_cid   INTEGER                   -- codec 2: chunks.cid of the base it is a delta against
+  codec      INTEGER NOT NULL DEFAULT 0,  -- how the record encodes it: 0 raw, 1 grouped, 2 XOR, 3 sub delta (codecs.py)
+  base_cid   INTEGER                   -- codecs 2, 3: chunks.cid of the base it is a delta against
 );
 CREATE INDEX chunks_location ON chunks(seg_id, offset);
 CREATE INDEX chunks_base ON chunks(base_cid) WHERE base_cid IS NOT NULL;
@@ -56,9 +56,6 @@ CREATE TABLE lineage (                 -- the newest piece of each tensor piece 
   tensor_key BLOB NOT NULL,            -- lineage.tensor_key(name, dtype, shape): 16 bytes
   piece      INTEGER NOT NULL,         -- index of the piece within its tensor
   cid        INTEGER NOT NULL,         -- chunks.cid of the newest piece
-  prev_cid   INTEGER,                  -- chunks.cid of the piece before it
-  keyframe   INTEGER,                  -- chunks.cid of the lineage's newest keyframe (kept whole)
-  seq        INTEGER NOT NULL,         -- distinct pieces seen before the newest one
   PRIMARY KEY (tensor_key, piece)
 ) WITHOUT ROWID;
 

@@ -26,7 +26,7 @@ CATALOG_1_TO_2 = (
     "ALTER TABLE contents ADD COLUMN compacted INTEGER NOT NULL DEFAULT 0",
     "CREATE INDEX contents_pending ON contents(content_id) WHERE compacted = 0",
     "CREATE TABLE lineage (tensor_key BLOB NOT NULL, piece INTEGER NOT NULL, cid INTEGER NOT NULL,"
-    " prev_cid INTEGER, keyframe INTEGER, seq INTEGER NOT NULL, PRIMARY KEY (tensor_key, piece)) WITHOUT ROWID",
+    " PRIMARY KEY (tensor_key, piece)) WITHOUT ROWID",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
 

@@ -10,8 +10,11 @@ from hypothesis import given, settings, strategies as st
 
 from cowfs.errors import CorruptData
 from cowfs.store.codecs import (
-    CODEC_GROUPED, CODEC_RAW, CODEC_XOR, ID_SIZE, base_of, decode, encode_delta, encode_whole, xor_bytes,
+    CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR, ID_SIZE, base_of, decode, encode_delta, encode_whole, sub_bytes,
+    xor_bytes,
 )
+
+NEVER = 1 << 40  # encode_delta's `beat`: any delta is smaller
 
 
 def weights(n: int, seed: int, dtype: type = np.float32) -> np.ndarray:
@@ -45,18 +48,36 @@ def test_delta_against_the_previous_version_is_smaller_and_exact() -> None:
     new = old + np.random.default_rng(3).normal(0, 1e-5, old.shape).astype(np.float32)
     base, raw = bf16(old), bf16(new)
     base_id = b"b" * ID_SIZE
-    enc = encode_delta(raw, 2, base_id, base)
-    assert enc.codec == CODEC_XOR and enc.base == base_id and base_of(enc.codec, enc.payload) == base_id
+    enc = encode_delta(raw, 2, base_id, base, NEVER)
+    assert enc is not None
+    assert enc.codec == CODEC_SUB and enc.base == base_id and base_of(enc.codec, enc.payload) == base_id
     assert enc.stored_len < encode_whole(raw, 2).stored_len
     asked: list[bytes] = []
     out = decode(enc.codec, enc.payload, len(raw), lambda i: asked.append(i) or base)
     assert bytes(out) == raw and asked == [base_id]
 
 
-def test_a_base_that_shares_nothing_gives_the_whole_encoding() -> None:
+def test_a_delta_that_does_not_beat_the_present_record_is_not_made() -> None:
     raw = bf16(weights(1 << 16, 4))
-    enc = encode_delta(raw, 2, b"x" * ID_SIZE, os.urandom(len(raw)))
-    assert enc.codec == CODEC_GROUPED and enc.base is None
+    whole = encode_whole(raw, 2)
+    assert encode_delta(raw, 2, b"x" * ID_SIZE, os.urandom(len(raw)), whole.stored_len) is None
+
+
+def test_odd_element_sizes_use_xor() -> None:
+    base = os.urandom(3 * 4000)
+    raw = bytearray(base)
+    raw[7] ^= 1
+    enc = encode_delta(bytes(raw), 3, b"x" * ID_SIZE, base, NEVER)
+    assert enc is not None and enc.codec == CODEC_XOR
+    assert bytes(decode(enc.codec, enc.payload, len(raw), lambda _i: base)) == raw
+
+
+def test_subtraction_beats_xor_on_small_float_changes() -> None:
+    old = weights(1 << 18, 8)
+    new = (old + np.random.default_rng(9).normal(0, 1e-6, old.shape)).astype(np.float32)
+    sub = encode_whole(sub_bytes(new.tobytes(), old.tobytes(), 4).tobytes(), 4).stored_len
+    xor = encode_whole(xor_bytes(new.tobytes(), old.tobytes()).tobytes(), 4).stored_len
+    assert sub < xor
 
 
 def test_a_delta_chain_decodes_through_every_base() -> None:
@@ -67,7 +88,9 @@ def test_a_delta_chain_decodes_through_every_base() -> None:
     ids = [bytes([k]) * ID_SIZE for k in range(len(raws))]
     stored = {ids[-1]: encode_whole(raws[-1], 4)}  # the newest whole, older ones against the next newer
     for k in range(len(raws) - 1):
-        stored[ids[k]] = encode_delta(raws[k], 4, ids[k + 1], raws[k + 1])
+        enc = encode_delta(raws[k], 4, ids[k + 1], raws[k + 1], NEVER)
+        assert enc is not None
+        stored[ids[k]] = enc
 
     def raw_of(cid: bytes) -> bytes:
         e = stored[cid]
@@ -91,6 +114,8 @@ def test_damage_is_corrupt_data() -> None:
         decode(CODEC_XOR, b"d" * ID_SIZE + enc.payload, len(raw), lambda _i: raw[:-2])
     with pytest.raises(CorruptData):
         decode(CODEC_XOR, b"short", len(raw), no_base)
+    with pytest.raises(CorruptData):
+        decode(CODEC_SUB, b"short", len(raw), no_base)
 
 
 @settings(max_examples=60, deadline=None)
@@ -99,5 +124,7 @@ def test_every_encoding_round_trips(a: bytes, b: bytes, elem: int) -> None:
     n = min(len(a), len(b))
     raw, base = a[:n], b[:n]
     assert bytes(xor_bytes(xor_bytes(raw, base), base)) == raw
-    for enc in (encode_whole(raw, elem), encode_delta(raw, elem, b"i" * ID_SIZE, base)):
+    delta = encode_delta(raw, elem, b"i" * ID_SIZE, base, NEVER)
+    assert delta is not None and delta.codec == (CODEC_SUB if n % elem == 0 and elem != 3 else CODEC_XOR)
+    for enc in (encode_whole(raw, elem), delta):
         assert bytes(decode(enc.codec, enc.payload, n, lambda _i: base)) == raw

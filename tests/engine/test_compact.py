@@ -12,10 +12,8 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import CorruptData
 from cowfs.store import Store
-from cowfs.store.codecs import MAX_CHAIN
+from cowfs.store.codecs import DELTA_CODECS, MAX_CHAIN
 from cowfs.store.layout import CATALOG_FILE, segment_path
-from cowfs.store.lineage import KEYFRAME_EVERY
-from cowfs.store.records import CODEC_XOR
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
 
@@ -76,23 +74,28 @@ def test_series_reads_back_exactly_and_shrinks(store):
     after = store.stats()
     assert after["logical_bytes"] == before["logical_bytes"]
     assert after["stored_bytes"] < before["stored_bytes"]
-    assert after["codecs"]["xor"]["chunks"] == report.deltas
+    assert after["codecs"]["sub"]["chunks"] == report.deltas
     assert after["uncompacted_bodies"] == 0
     assert_reads(store, files)
     again = store.compact()
     assert again.bodies == 0 and again.deltas == 0
 
 
-def test_every_read_touches_at_most_two_records_and_the_newest_is_whole(store_path):
+def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_whole(store_path):
     with Store.open(store_path) as s:
-        files = series(s, 2 * KEYFRAME_EVERY + 1)
+        files = series(s, 3 * MAX_CHAIN)
         s.compact()
         s.gc()
     rows = {cid: (codec, base) for cid, codec, base in chunk_rows(store_path)}
-    for cid, (codec, base) in rows.items():
-        if codec == CODEC_XOR:
-            assert rows[base][0] != CODEC_XOR, f"chunk {cid}: its base {base} is a delta too"
-    assert 2 <= MAX_CHAIN
+    longest = 0
+    for cid in rows:
+        n, at = 1, cid
+        while rows[at][1] is not None:
+            at = rows[at][1]
+            n += 1
+            assert n <= MAX_CHAIN, f"chunk {cid}: a read touches more than {MAX_CHAIN} records"
+        longest = max(longest, n)
+    assert longest == MAX_CHAIN  # the chains are used as far as the bound allows
     newest = max(int(p.split("/")[1].split("-")[1]) for p in files)
     with Store.open(store_path) as s:
         conn = s.catalog.reader()
@@ -101,7 +104,7 @@ def test_every_read_touches_at_most_two_records_and_the_newest_is_whole(store_pa
             " ON v.content_id = e.content_id WHERE v.ino = (SELECT ino FROM dentries WHERE name = ?"
             " AND parent = (SELECT ino FROM dentries WHERE name = ?))",
             (b"model.safetensors", f"checkpoint-{newest}".encode())).fetchall()
-        assert CODEC_XOR not in {c for (c,) in codecs}
+        assert not {c for (c,) in codecs} & set(DELTA_CODECS)
         assert_reads(s, files)
 
 
@@ -169,16 +172,17 @@ def series_more(store: Store, start: int, stop: int) -> dict[str, bytes]:
     return files
 
 
-def test_removing_the_keyframe_keeps_what_its_deltas_need(store):
-    files = series(store, KEYFRAME_EVERY)
+def test_removing_checkpoints_that_are_bases_keeps_what_their_deltas_need(store):
+    files = series(store, MAX_CHAIN)
     store.compact()
-    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
-        store.unlink(store.resolve("/checkpoint-0").ino, name.encode())
+    for ckpt in (f"/checkpoint-{MAX_CHAIN - 1}", "/checkpoint-1"):  # the newest, and one in the chain
+        for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+            store.unlink(store.resolve(ckpt).ino, name.encode())
     store.expire_history()
     store.gc()
-    kept = {p: d for p, d in files.items() if not p.startswith("/checkpoint-0/")}
+    kept = {p: d for p, d in files.items() if not p.startswith((f"/checkpoint-{MAX_CHAIN - 1}/", "/checkpoint-1/"))}
     assert_reads(store, kept)
-    assert store.stats()["codecs"]["xor"]["chunks"] > 0
+    assert store.stats()["codecs"]["sub"]["chunks"] > 0
 
 
 def test_damaged_base_fails_every_dependent_read_and_fsck_names_them(tmp_path):
@@ -190,9 +194,9 @@ def test_damaged_base_fails_every_dependent_read_and_fsck_names_them(tmp_path):
         s.gc()
         conn = s.catalog.reader()
         seg, off = conn.execute(
-            "SELECT b.seg_id, b.offset FROM chunks b WHERE b.cid IN (SELECT base_cid FROM chunks WHERE codec=?)"
-            " LIMIT 1", (CODEC_XOR,)).fetchone()
-    with open(segment_path(path, seg), "r+b") as f:  # flip payload bytes of a keyframe piece
+            "SELECT b.seg_id, b.offset FROM chunks b WHERE b.base_cid IS NULL AND b.cid IN"
+            " (SELECT base_cid FROM chunks WHERE base_cid IS NOT NULL) LIMIT 1").fetchone()
+    with open(segment_path(path, seg), "r+b") as f:  # flip payload bytes of a piece others decode through
         f.seek(off + 64 + 1000)
         f.write(b"\xff" * 64)
     with Store.open(path) as s:
@@ -202,10 +206,13 @@ def test_damaged_base_fails_every_dependent_read_and_fsck_names_them(tmp_path):
                 assert s.read_file(p) == data, p  # never wrong bytes
             except CorruptData:
                 failed.append(p)
-        assert "/checkpoint-0/model.safetensors" in failed and "/checkpoint-1/model.safetensors" in failed
+        # the newest (whole) piece and the older ones that decode through it
+        assert {"/checkpoint-0/model.safetensors", "/checkpoint-1/model.safetensors",
+                "/checkpoint-2/model.safetensors"} <= set(failed) or {"/checkpoint-0/optimizer.pt",
+                "/checkpoint-1/optimizer.pt", "/checkpoint-2/optimizer.pt"} <= set(failed), failed
         report = s.fsck()
         named = {p for problem in report.problems for p in problem.paths}
-        assert {"/checkpoint-0/model.safetensors", "/checkpoint-1/model.safetensors"} <= named
+        assert set(failed) <= named
         s.fsck(repair=True)
         after = s.fsck()
         assert after.clean, [p.line() for p in after.problems]
