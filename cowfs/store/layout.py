@@ -98,7 +98,8 @@ def write_config(root: Path, cfg: StoreConfig) -> None:
     fsync_dir(root)
 
 
-def read_config(root: Path) -> StoreConfig:
+def config_data(root: Path) -> dict:
+    """The store config as JSON, whatever its format version (StoreError if there is none)."""
     if not root.exists():
         raise StoreError(f"{root}: no such directory")
     path = root / CONFIG_FILE
@@ -110,6 +111,11 @@ def read_config(root: Path) -> StoreConfig:
         raise StoreError(f"{path}: unreadable store config ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise StoreError(f"{path}: not a cowfs store config")
+    return data
+
+
+def read_config(root: Path) -> StoreConfig:
+    data = config_data(root)
     version = data.get("format_version")
     if isinstance(version, int) and OLDEST_UPGRADABLE <= version < FORMAT_VERSION:
         raise StoreError(f"{root}: store format version {version} is older than this cowfs's ({FORMAT_VERSION}): "

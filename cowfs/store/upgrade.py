@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 from ..errors import Busy, StoreError
-from .layout import CATALOG_FILE, CONFIG_FILE, FORMAT_NAME, FORMAT_VERSION, LOCK_FILE, OLDEST_UPGRADABLE, fsync_dir
+from .layout import CATALOG_FILE, CONFIG_FILE, FORMAT_VERSION, LOCK_FILE, OLDEST_UPGRADABLE, config_data, fsync_dir
 from .schema import SCHEMA_VERSION
 
 CATALOG_1_TO_2 = (
@@ -34,12 +34,7 @@ CATALOG_1_TO_2 = (
 def upgrade(root: Path) -> tuple[int, int]:
     """Upgrade the store at `root`; returns (version before, version after)."""
     path = root / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise StoreError(f"{root}: not a readable cowfs store ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise StoreError(f"{path}: not a cowfs store config")
+    data = config_data(root)
     version = data.get("format_version")
     if version == FORMAT_VERSION:
         return version, version
