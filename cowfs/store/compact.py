@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from ..errors import CorruptData
 from . import lineage
 from .catalog import Txn
 from .chunking import chunk_id, cut_all
@@ -109,7 +110,12 @@ def compact(store: "Store", progress: Progress | None = None, stop: Callable[[],
             if stop is not None and stop():
                 report.stopped = True
                 break
-            if not _Body(store, pool, content_id, report, stop).run():
+            try:
+                finished = _Body(store, pool, content_id, report, stop).run()
+            except CorruptData as e:  # a damaged body stays as it is (fsck names it); the others go on
+                report.errors.append(f"body {content_id}: not compacted ({e})")
+                continue
+            if not finished:
                 report.stopped = True
                 break
             done += size

@@ -304,3 +304,28 @@ def test_model_compaction_never_changes_what_reads_return(tmp_path_factory, ops)
                 assert s.read_file(p, gen) == data, (name, p)
         report = s.fsck()
         assert report.clean, [p.line() for p in report.problems]
+
+
+def test_a_damaged_body_is_skipped_and_the_others_are_compacted(tmp_path):
+    path = tmp_path / "store"
+    Store.init(path, segment_size=4 << 20)
+    with Store.open(path) as s:
+        files = series(s, 2)
+        conn = s.catalog.reader()
+        seg, off = conn.execute(
+            "SELECT c.seg_id, c.offset FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
+            " ON v.content_id = e.content_id JOIN dentries d ON d.ino = v.ino WHERE d.name = ?"
+            " ORDER BY c.cid LIMIT 1", (b"optimizer.pt",)).fetchone()
+    with open(segment_path(path, seg), "r+b") as f:
+        f.seek(off + 64 + 100)
+        f.write(b"\x00" * 32)
+    with Store.open(path) as s:
+        report = s.compact()
+        assert len(report.errors) == 1 and "not compacted" in report.errors[0]
+        assert report.recut == 3
+        intact = {p: d for p, d in files.items() if p != "/checkpoint-0/optimizer.pt"}
+        assert_reads(s, intact)
+        with pytest.raises(CorruptData):
+            s.read_file("/checkpoint-0/optimizer.pt")
+        s.fsck(repair=True)
+        assert s.fsck().clean
