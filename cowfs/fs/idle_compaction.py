@@ -32,12 +32,16 @@ async def compact_when_idle(ops: CowfsOperations, idle: float) -> None:
         seq = handles.write_seq  # writes up to here will be compacted by this run
         try:
             report = await trio.to_thread.run_sync(lambda: ops.store.compact(stop=handles.writers_open))
-        except CowfsError as e:
+        except CowfsError as e:  # e.g. a full device: tried again after the next write, not at once
             log.warning("compaction stopped: %s", e)
+            handles.compacted_seq = seq
             continue
         except Exception:  # noqa: BLE001 - the daemon goes on serving; fsck will tell
             log.exception("compaction failed")
+            handles.compacted_seq = seq
             continue
+        for error in report.errors:
+            log.warning("compaction: %s", error)
         if report.recut or report.deltas:
             log.info("compacted %d files (%d bytes): %d new pieces, %d deltas, in %.2fs", report.recut,
                      report.logical_bytes, report.new_chunks, report.deltas, report.seconds)
