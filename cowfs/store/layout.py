@@ -116,6 +116,7 @@ def config_data(root: Path) -> dict:
 
 def read_config(root: Path) -> StoreConfig:
     data = config_data(root)
+    path = root / CONFIG_FILE
     version = data.get("format_version")
     if isinstance(version, int) and OLDEST_UPGRADABLE <= version < FORMAT_VERSION:
         raise StoreError(f"{root}: store format version {version} is older than this cowfs's ({FORMAT_VERSION}): "
