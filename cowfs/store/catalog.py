@@ -141,15 +141,22 @@ def _copy_table(conn: sqlite3.Connection, name: str, sql: str) -> str | None:
 
 
 RESERVE_SUFFIX = ".reserve"
-RESERVE_MIN, RESERVE_MAX = 1 << 20, 64 << 20  # the reserve: 1% of the device, within these bounds
+RESERVE_MIN, RESERVE_MAX = 1 << 20, 64 << 20  # the reserve's bounds (reserve_size)
 # changes that give space back, or that a user makes to give it back (delete a snapshot or a
 # file, expire history): on a full device they may use the reserve
 FREEING_OPS = frozenset({"gc", "expire", "snapshot-delete", "unlink", "rmdir", "repair"})
 
 
+def reserve_size(catalog_bytes: int, device_bytes: int) -> int:
+    """Room a freeing transaction may need: twice the catalog (its WAL frames for every page it
+    touches, and the pages it adds), at least 1 MiB, at most 64 MiB and at most 1% of the
+    device unless that is under 1 MiB. It grows with the catalog: open and gc refill it."""
+    return min(max(2 * catalog_bytes, RESERVE_MIN), max(device_bytes // 100, RESERVE_MIN), RESERVE_MAX)
+
+
 class Catalog:
-    """The SQLite catalog. Beside it lies `catalog.db.reserve`, 1% of the device's size (1 to 64
-    MiB) allocated while there is room: when the device is full, a change that frees space (FREEING_OPS) that fails
+    """The SQLite catalog. Beside it lies `catalog.db.reserve` (`reserve_size`), allocated
+    while there is room: when the device is full, a change that frees space (FREEING_OPS) that fails
     for lack of room gives the reserve back to the file system and is tried once more, so a
     full store can always be pruned; gc allocates the reserve again (`refill_reserve`)."""
 
@@ -188,7 +195,7 @@ class Catalog:
             return False
         try:
             st = os.statvfs(self.reserve)
-            want = min(max(st.f_blocks * st.f_frsize // 100, RESERVE_MIN), RESERVE_MAX)
+            want = reserve_size(self.path.stat().st_size, st.f_blocks * st.f_frsize)
             if os.fstat(fd).st_blocks * 512 >= want:
                 return True
             os.posix_fallocate(fd, 0, want)

@@ -443,3 +443,20 @@ def test_gc_keeps_chunks_an_uncommitted_session_found_by_dedup(path):
             s.gc()
             w.commit()
         assert s.read_file("/b") == body
+
+
+def test_the_catalog_reserve_follows_the_catalog_within_its_bounds():
+    from cowfs.store.catalog import RESERVE_MAX, RESERVE_MIN, reserve_size
+
+    tb = 1 << 40
+    assert reserve_size(100 << 10, tb) == RESERVE_MIN  # a new store keeps 1 MiB, not 1% of the device
+    assert reserve_size(10 << 20, tb) == 20 << 20  # twice the catalog
+    assert reserve_size(1 << 30, tb) == RESERVE_MAX
+    assert reserve_size(10 << 20, 500 << 20) == 5 << 20  # at most 1% of a small device...
+    assert reserve_size(10 << 20, 20 << 20) == RESERVE_MIN  # ...but never under 1 MiB
+
+
+def test_a_new_store_reserves_one_mib_for_its_catalog(path):
+    with Store.open(path):
+        reserve = os.path.join(path, "catalog.db.reserve")
+        assert os.stat(reserve).st_blocks * 512 == 1 << 20
