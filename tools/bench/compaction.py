@@ -77,10 +77,17 @@ def train_into(m: Mount, series: str, checkpoints: int, scratch: Path, log: Log)
     extra = ["--save-times", str(times), "--info", str(info)] + (["--one-path"] if series.startswith("plain-") else [])
     cmd = seriescache.command(series, m.mnt / RUN, checkpoints, SAVE_STEPS, *extra)
     cpu0, t0 = m.cpu(), time.perf_counter()
-    r = subprocess.run(cmd, cwd=seriescache.REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=seriescache.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    try:
+        _, err = proc.communicate()
+    except BaseException:  # interrupted: the child must not go on writing into a mount being unmounted
+        proc.kill()
+        proc.wait()
+        raise
     wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[2:])} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode}): {err.strip()[-2000:]}")
     save_s = json.loads(times.read_text())
     log(f"    {series}: {len(save_s)} saves in {wall:.0f} s of training, save s median {statistics.median(save_s):.3f} "
         f"[{min(save_s):.3f}-{max(save_s):.3f}]")
