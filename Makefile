@@ -45,8 +45,9 @@ test: setup
 demo: setup
 	$(VPY) tools/demo.py
 
-# issue 6 benchmark (tools/bench, docs/benchmarks.md): quick mode by default;
-# make bench ARGS=--full for GPT-2 small; ARGS="--full --update-docs" refreshes docs/benchmarks.md
+# issue 6 and 14 benchmark (tools/bench, docs/benchmarks.md): quick mode by default;
+# make bench ARGS=--full for GPT-2 small; ARGS="--full --update-docs" refreshes docs/benchmarks.md;
+# ARGS="--only compaction" runs the issue-14 (compaction) targets alone
 ARGS ?=
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)

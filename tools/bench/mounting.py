@@ -1,16 +1,17 @@
 """Stores and mounts for the benchmark: always unmounted, daemon waited for, and the
 daemon's pid, CPU time and control socket at hand.
 
-`cowfs mount` runs as a subprocess of this interpreter. With `writeback=False` the
-daemon is started through a two-line launcher that turns the class attribute
-`CowfsOperations.enable_writeback_cache` off before mounting; cowfs itself is not changed.
+`cowfs mount` runs as a subprocess of this interpreter, without the kernel's writeback
+cache unless `writeback=True` (`--writeback-cache`), as `cowfs mount` does by default, and
+with idle compaction off unless `compact_idle` says otherwise (`--compact-idle`): the
+benchmark compacts when it means to (`cowfs compact`), so the save figures of the series
+never share the machine with a compaction the daemon started by itself.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,13 +22,6 @@ from cowfs.mountinfo import daemon_pid, lazy_unmount, mounted_cowfs, process_ali
 from cowfs.store.layout import DEFAULT_DEVICE
 from tools.harnessutil import CliError, run_cowfs
 
-NO_WRITEBACK_LAUNCHER = (
-    "import sys\n"
-    "from cowfs.fs.operations import CowfsOperations\n"
-    "CowfsOperations.enable_writeback_cache = False\n"
-    "from cowfs.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -97,16 +91,11 @@ class Mount:
 
 
 @contextlib.contextmanager
-def mounted(store: Path, mnt: Path, writeback: bool = True) -> Iterator[Mount]:
+def mounted(store: Path, mnt: Path, writeback: bool = False, compact_idle: str = "off") -> Iterator[Mount]:
     """Mount for the body of the with-block; unmount and reap the daemon however it ends."""
     mnt.mkdir(parents=True, exist_ok=True)
-    if writeback:
-        run_cowfs("mount", str(store), str(mnt), timeout=600)
-    else:
-        r = subprocess.run([sys.executable, "-c", NO_WRITEBACK_LAUNCHER, "mount", str(store), str(mnt)],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        if r.returncode != 0:
-            raise RuntimeError(f"mount without writeback cache failed: {r.stderr.strip()}")
+    run_cowfs("mount", str(store), str(mnt), "--compact-idle", compact_idle,
+              *(["--writeback-cache"] if writeback else []), timeout=600)
     pid = daemon_pid(store)
     if pid is None:  # mounted, but no daemon named in the lock file: detach and give up
         lazy_unmount(mnt)

@@ -1,7 +1,14 @@
-"""`python -m tools.bench [--full]`: the issue-6 benchmark. See docs/benchmarks.md.
+"""`python -m tools.bench [--full] [--only PARTS]`: the issue-6 and issue-14 benchmark. See
+docs/benchmarks.md.
 
 Quick mode (default): a ~17M-parameter GPT-2-shaped model, 10 checkpoints per workload.
 --full: the GPT-2 small shape (~124M parameters), 10 checkpoints per workload.
+Parts (--only, comma-separated; default all): series (the workloads, each ending with
+`cowfs compact` + `cowfs gc`), snapshot (10,000 files), writeback (cache on vs off),
+compaction (issue 14: HF Trainer series written into the mount, compaction off vs idle,
+torch.save rewriting one path, restic and borg; tools/bench/compaction.py). `--only
+compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
+targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
 under --dir, so cowfs and the baselines share a filesystem; it is removed at the end,
 and every mount is unmounted, also on Ctrl-C or an error.
@@ -23,11 +30,15 @@ from typing import Any
 
 import torch
 
-from . import extras, report
-from .docs import DOCS, REPO, update_docs
+from . import compactreport, extras, report
+from .compaction import run_compaction
+from .docs import COMPACTION, DOCS, REPO, update_docs
 from .models import GPT2_SMALL, QUICK, GPT, param_count
 from .series import run_series
 from .workloads import WORKLOADS, Scale
+
+
+PARTS = ("series", "snapshot", "writeback", "compaction")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,12 +47,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="GPT-2 small (~124M parameters) instead of the quick model")
     p.add_argument("--dir", default="/var/tmp", help="parent of the temporary work directory (stores and baselines; default /var/tmp)")
     p.add_argument("--out", default=str(REPO / "bench-results"), help="where the JSON, Markdown and PNG go")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
+    p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run, of: {', '.join(PARTS)} (default all)")
+    p.add_argument("--workloads", default=None, help=f"comma-separated subset of: {', '.join(WORKLOADS)} "
+                   f"(default all; with --only compaction alone: {', '.join(compactreport.T4_WORKLOADS)})")
     p.add_argument("--checkpoints", type=int, default=10, help="checkpoints per workload (default 10)")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps between checkpoints (default 1)")
     p.add_argument("--snapshot-files", type=int, default=10000, help="files in the snapshot test (0: skip it)")
     p.add_argument("--writeback-mib", type=int, default=None, help="MiB for the writeback on/off test (0: skip; default 256 quick, 1024 full)")
-    p.add_argument("--update-docs", action="store_true", help="put the table and plot into docs/benchmarks.md and docs/bench.png")
+    p.add_argument("--compaction-reps", type=int, default=2, help="Trainer runs per dtype and arm in the compaction part (default 2)")
+    p.add_argument("--read-reps", type=int, default=5, help="cold reads per run in the compaction part (default 5)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="put the tables into docs/benchmarks.md (the issue-6 section and docs/bench.png only after a run of "
+                   "every part and workload; the compaction section after a run with the compaction part)")
     return p.parse_args(argv)
 
 
@@ -72,7 +89,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    parts = [n.strip() for n in args.only.split(",") if n.strip()]
+    if [n for n in parts if n not in PARTS]:
+        print(f"bench: unknown part(s): {', '.join(n for n in parts if n not in PARTS)}; parts: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    if args.workloads is not None:
+        names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    elif "series" in parts:
+        names = list(WORKLOADS)
+    else:
+        names = list(compactreport.T4_WORKLOADS) if "compaction" in parts else []
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         print(f"bench: unknown workload(s): {', '.join(unknown)}", file=sys.stderr)
@@ -94,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         [".venv/bin/python -m tools.bench", *(sys.argv[1:] if argv is None else argv)])
     results: dict[str, Any] = {
         "mode": "full" if args.full else "quick", "model": cfg.name, "params": param_count(GPT(cfg)),
-        "checkpoints": args.checkpoints, "steps": args.steps, "scale": vars(scale), "fs": "",
+        "checkpoints": args.checkpoints, "steps": args.steps, "scale": vars(scale), "fs": "", "parts": parts,
         "command": command, "git": git_commit(), "torch": torch.__version__, "python": platform.python_version(),
         "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "started": time.time(), "series": [],
     }
@@ -110,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
                 results["series"].append(run_series(wl, args.checkpoints, d, log))
             finally:
                 shutil.rmtree(d, ignore_errors=True)
-        if args.snapshot_files:
+        if "compaction" in parts:
+            log(f"compaction (issue 14): Trainer series, {args.compaction_reps} runs per dtype and arm")
+            try:
+                results["compaction"] = run_compaction(work / "compaction", args.compaction_reps, args.read_reps, log,
+                                                       checkpoints=args.checkpoints)
+            finally:
+                shutil.rmtree(work / "compaction", ignore_errors=True)
+        if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:
                 results["snapshot_10k"] = extras.snapshot_many_files(work / "snap", args.snapshot_files, 5, log)
             finally:
                 shutil.rmtree(work / "snap", ignore_errors=True)
-        if wb_mib:
+        if wb_mib and "writeback" in parts:
             log(f"writeback cache on vs off, {wb_mib} MiB")
             try:
                 results["writeback"] = extras.writeback_compare(work / "wb", wb_mib << 20, 2, log)
@@ -136,18 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     tgts = report.targets(summaries, results.get("snapshot_10k"))
     results["summary"], results["targets"] = summaries, tgts
     md = report.markdown(results, summaries, tgts)
+    c_md = compactreport.section(results)
     stem = f"bench-{results['mode']}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}")
+    (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}\n### Compaction (issue 14)\n\n{c_md}")
     png: Path | None = out_dir / f"{stem}.png"
-    if not report.plot(results, png):  # type: ignore[arg-type]
-        log("matplotlib is not installed (pip install '.[bench]'): no PNG")
+    if not results["series"] or not report.plot(results, png):  # type: ignore[arg-type]
+        if results["series"]:
+            log("matplotlib is not installed (pip install '.[bench]'): no PNG")
         png = None
     print()
     print(md)
+    print("### Compaction (issue 14)\n")
+    print(c_md)
     log(f"took {results['seconds'] / 60:.1f} min; wrote {out_dir}/{stem}.json, .md" + (", .png" if png else ""))
     if args.update_docs:
-        update_docs(md, png, command, results["started"])
+        if set(parts) == set(PARTS) and names == list(WORKLOADS):
+            update_docs(md, png, command, results["started"])
+        if "compaction" in parts:
+            update_docs(c_md, None, command, results["started"], section=COMPACTION)
         log(f"updated {DOCS}")
     return 0
 

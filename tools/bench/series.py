@@ -1,5 +1,6 @@
 """One workload's series: train, save every checkpoint through the mount and with every
-baseline (interleaved, order rotated per checkpoint), then restore, snapshot and prune + gc.
+baseline (interleaved, order rotated per checkpoint), then restore, compaction (`cowfs
+compact` + `cowfs gc`, then the unchanged re-save once more), snapshot and prune + gc.
 
 Returns a plain dict (JSON-able) with every raw figure; report.py summarises it.
 """
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from . import savers
+from .compactstep import compact_and_gc
 from .mounting import Mount, drop_caches, init_store, mounted
 from .workloads import Workload, changed_bytes, copy_flat
 
@@ -121,9 +123,32 @@ def run_series(wl: Workload, checkpoints: int, work: Path, log: Callable[[str], 
     return out
 
 
+def compact_series(m: Mount, wl: Workload) -> dict[str, Any]:
+    """Stored bytes before and after `cowfs compact` + `cowfs gc` of the whole series (every
+    checkpoint and the unchanged re-save); then the last checkpoint saved once more, unchanged:
+    what it adds as saved (raw content-defined chunks, which do not match the compacted
+    pieces), and after a second compact + gc (its pieces are the stored ones)."""
+    run_dir = m.mnt / "run"
+    before = m.stats()
+    step = compact_and_gc(m.mnt)
+    after = m.stats()
+    if wl.hf:
+        savers.save_hf(run_dir, wl, durable=False, keep=None, name=f"again-compacted-{wl.step}")
+    else:
+        _cowfs_save(m, wl, run_dir, wl.torch_object())
+    resaved = m.stats()
+    again = compact_and_gc(m.mnt)
+    final = m.stats()
+    return {"stats_before": before, "step": step, "stats_after": after, "resave_stats": resaved,
+            "resave_step": again, "resave_final_stats": final,
+            "resave_new_bytes": resaved["stored_bytes"] - after["stored_bytes"],
+            "resave_new_bytes_compacted": final["stored_bytes"] - after["stored_bytes"]}
+
+
 def measure_restore(wl: Workload, store: Path, mnt: Path, plain: Path, out: dict[str, Any], reps: int = 3) -> dict[str, Any]:
     """Cold reads of the last checkpoint from a fresh mount and from the disk, alternating,
-    `reps` times (page cache dropped before each); then prune --keep-last 1 (+ gc)."""
+    `reps` times (page cache dropped before each); then compaction (compact_series) and
+    prune --keep-last 1 (+ gc)."""
     if wl.hf:
         last = sorted((plain / "hf-plain").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
         disk_file, rel = last / "model.safetensors", Path("run") / last.name / "model.safetensors"
@@ -143,6 +168,7 @@ def measure_restore(wl: Workload, store: Path, mnt: Path, plain: Path, out: dict
             drop_caches()
             loads["disk_read_s"].append(read_file(disk_file))
         res.update(loads)
+        out["compaction"] = compact_series(m, wl)
         before = m.stats()
         t = time.perf_counter()
         pr = m.call("prune", keep_last=1)

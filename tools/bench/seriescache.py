@@ -27,10 +27,18 @@ def ensure(work: Path, name: str, checkpoints: int = 10, save_steps: int = 20) -
         if len(info.get("versions", [])) == checkpoints:
             return out
     shutil.rmtree(out, ignore_errors=True)
+    print(f"building {out} ...", file=sys.stderr)
+    subprocess.run(command(name, out, checkpoints, save_steps), check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    return out
+
+
+def command(name: str, out: Path, checkpoints: int = 10, save_steps: int = 20, *extra: str) -> list[str]:
+    """The child command that builds series NAME into `out` (run it with cwd=REPO); `extra`
+    are more trainer_series options (--save-times, --info, --one-path)."""
+    if name not in SERIES:
+        raise ValueError(f"unknown series {name!r}, not one of {SERIES}")
     cmd = [sys.executable, "-m", "tools.bench.trainer_series", "--dtype", name.rsplit("-", 1)[-1],
            "--out", str(out), "--checkpoints", str(checkpoints), "--save-steps", str(save_steps)]
     if name.startswith("plain-"):
         cmd.append("--plain")
-    print(f"building {out} ...", file=sys.stderr)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
-    return out
+    return cmd + list(extra)

@@ -3,8 +3,10 @@
     python -m tools.bench.trainer_series --dtype bf16 --out /tmp/series-bf16
     python -m tools.bench.trainer_series --dtype fp32 --out /tmp/series-fp32
     python -m tools.bench.trainer_series --dtype fp32 --plain --out /tmp/series-plain-fp32
+    python -m tools.bench.trainer_series --dtype bf16 --out /mnt/ckpt/run --save-times t.json --info i.json
 
-(tools/bench/codecs.py builds what it needs itself, through seriescache.ensure.)
+(tools/bench/codecs.py builds what it needs itself, through seriescache.ensure; the
+compaction benchmark, tools/bench/compaction.py, has Trainer write into a mount.)
 
 Trainer mode: a small GPT-2 built from a GPT2Config in code (no download), trained on
 synthetic token data, AdamW (Trainer's default optimizer), lr 5e-5, a checkpoint every
@@ -17,9 +19,16 @@ bfloat16 too (no autocast, no fp32 master copy). fp32: fp32 model and fp32 AdamW
 
 --plain: no Trainer; the same model and a torch.optim.AdamW, and after every `--save-steps`
 steps one torch.save({"model": ..., "optimizer": ...}) to the same file name; each version
-is kept in OUT/save-N/checkpoint.pt so the codec benchmark can read them all.
+is kept in OUT/save-N/checkpoint.pt so the codec benchmark can read them all; with
+--one-path every save rewrites OUT/model.pt instead (a store that keeps history keeps them).
 
-When the run is done, OUT/series.json describes it (its presence marks a complete series).
+--save-times PATH: the seconds of every checkpoint save, as a JSON list: Trainer's whole
+`_save_checkpoint` (model, optimizer, scheduler, RNG state, trainer state), or the plain
+torch.save up to its close. On a cowfs mount every close commits durably, so these are
+durable save times.
+
+When the run is done, OUT/series.json (or --info PATH) describes it (its presence marks a
+complete series).
 
 A bench tool: cowfs/ never imports it.
 """
@@ -73,7 +82,7 @@ def build_model(dtype: str, seed: int) -> torch.nn.Module:
     return model
 
 
-def run_trainer(args: argparse.Namespace) -> None:
+def run_trainer(args: argparse.Namespace) -> list[float]:
     from transformers import Trainer, TrainingArguments
 
     model = build_model(args.dtype, args.seed)
@@ -98,19 +107,30 @@ def run_trainer(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     trainer = Trainer(model=model, args=targs, train_dataset=data)
+    times: list[float] = []
+    save_checkpoint = trainer._save_checkpoint
+
+    def timed_save(*a: object, **kw: object) -> None:  # the instance attribute shadows the method
+        t0 = time.perf_counter()
+        save_checkpoint(*a, **kw)
+        times.append(time.perf_counter() - t0)
+
+    trainer._save_checkpoint = timed_save  # type: ignore[method-assign]
     trainer.train()
     opt = trainer.optimizer
     state_dtypes = sorted({str(v.dtype) for s in opt.state.values() for v in s.values()
                            if isinstance(v, torch.Tensor) and v.numel() > 1})
     print(f"optimizer {type(opt).__name__} state dtypes {state_dtypes}", file=sys.stderr)
+    return times
 
 
-def run_plain(args: argparse.Namespace) -> None:
+def run_plain(args: argparse.Namespace) -> list[float]:
     model = build_model(args.dtype, args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = SyntheticTokens(args.save_steps * args.checkpoints * BATCH, SEQ, VOCAB, args.seed)
     model.train()
     step = 0
+    times: list[float] = []
     for k in range(args.checkpoints):
         for _ in range(args.save_steps):
             batch = data.ids[step * BATCH:(step + 1) * BATCH]
@@ -119,21 +139,28 @@ def run_plain(args: argparse.Namespace) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-        d = args.out / f"save-{step}"
-        d.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                   d / "checkpoint.pt")
+        if args.one_path:
+            path = args.out / "model.pt"
+        else:
+            path = args.out / f"save-{step}" / "checkpoint.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+        times.append(time.perf_counter() - t0)
         print(f"save {k + 1}/{args.checkpoints} step {step} loss {loss.item():.3f}", file=sys.stderr)
+    return times
 
 
-def describe(out: Path) -> dict[str, object]:
+def describe(out: Path, saves: int) -> dict[str, object]:
     versions = sorted((p for p in out.iterdir() if p.is_dir() and p.name.split("-")[-1].isdigit()),
                       key=lambda p: int(p.name.split("-")[-1]))
+    last = versions[-1] if versions else out  # --one-path: the one file, as last saved
     files = {}
-    for f in sorted(versions[-1].rglob("*")):
+    for f in sorted(last.rglob("*")):
         if f.is_file():
-            files[str(f.relative_to(versions[-1]))] = f.stat().st_size
-    return {"versions": [v.name for v in versions], "last_version_files": files}
+            files[str(f.relative_to(last))] = f.stat().st_size
+    names = [v.name for v in versions] or [f"save-{k + 1}" for k in range(saves)]
+    return {"versions": names, "last_version_files": files}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp32"], required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plain", action="store_true", help="plain torch.save series instead of Trainer")
+    ap.add_argument("--one-path", action="store_true", help="with --plain: every save rewrites OUT/model.pt")
+    ap.add_argument("--save-times", type=Path, help="write the seconds of each checkpoint save here (JSON list)")
+    ap.add_argument("--info", type=Path, help=f"where the description goes (default OUT/{MARKER})")
     ap.add_argument("--save-steps", type=int, default=20)
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--lr", type=float, default=5e-5)
@@ -151,16 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         ap.error(f"{args.out} is not empty")
+    if args.one_path and not args.plain:
+        ap.error("--one-path needs --plain (Trainer writes checkpoint-N/ directories)")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0 = time.perf_counter()
-    (run_plain if args.plain else run_trainer)(args)
-    info = describe(args.out)
+    times = (run_plain if args.plain else run_trainer)(args)
+    if args.save_times:
+        args.save_times.write_text(json.dumps(times) + "\n")
+    info = describe(args.out, len(times))
     info.update(seconds=round(time.perf_counter() - t0, 1), dtype=args.dtype, plain=args.plain,
-                torch=torch.__version__)
+                one_path=args.one_path, torch=torch.__version__)
     text = json.dumps(info, indent=1)
-    (args.out / MARKER).write_text(text + "\n")
+    (args.info or args.out / MARKER).write_text(text + "\n")
     print(text)
     return 0
 
