@@ -6,7 +6,7 @@ setup(
         Extension(
             "cowfs._native",
             ["native/cowfs_native.c"],
-            extra_compile_args=["-O2", "-Wall"],
+            extra_compile_args=["-O3", "-Wall"],
         )
     ],
 )

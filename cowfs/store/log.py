@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import CorruptData
-from .codecs import MAX_CHAIN, decode
+from .codecs import MAX_CHAIN, decode_into
 from .device import FileSegment, round_up, segment_class
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
@@ -176,10 +176,18 @@ class Log:
         self.read_run(loc.seg_id, loc.offset, [(chunk_id, dest)], not loc.encoded)
         return dest
 
-    def decode(self, chunk_id: bytes, loc: Location, payload: memoryview, depth: int = 1) -> bytes | memoryview:
-        """The raw bytes of an encoded record's payload (not yet verified against `chunk_id`);
-        a delta's base is found with `locate`, read, decoded and verified, at most
-        MAX_CHAIN records deep."""
+    def decode(self, chunk_id: bytes, loc: Location, payload: memoryview) -> bytes | memoryview:
+        """The raw bytes of an encoded record's payload, in a new buffer (see decode_into)."""
+        dest = memoryview(bytearray(loc.length))
+        self.decode_into(chunk_id, loc, payload, dest)
+        return dest
+
+    def decode_into(self, chunk_id: bytes, loc: Location, payload: memoryview, dest: memoryview,
+                    depth: int = 1) -> None:
+        """Decode an encoded record's payload into `dest` (not yet verified against
+        `chunk_id`: the caller checks it). A delta's bases are found with `locate`, read and
+        decoded, at most MAX_CHAIN records deep; they are not verified one by one: a wrong
+        base makes the result wrong, which the caller's check of the result catches."""
         def base_raw(base_id: bytes) -> bytes | memoryview:
             if depth >= MAX_CHAIN:
                 raise CorruptData(f"chunk {chunk_id.hex()[:16]}: delta chain longer than {MAX_CHAIN} records")
@@ -191,11 +199,11 @@ class Log:
             base = self.read_payload(base_loc, base_id)
             if not base_loc.encoded:
                 return base
-            out = self.decode(base_id, base_loc, base, depth + 1)
-            check_chunk(base_id, out)
+            out = memoryview(bytearray(base_loc.length))
+            self.decode_into(base_id, base_loc, base, out, depth + 1)
             return out
 
-        return decode(loc.codec, payload, loc.length, base_raw)
+        decode_into(loc.codec, payload, dest, base_raw)
 
     def will_need(self, seg_id: int, offset: int, length: int) -> None:
         """A hint that these bytes of a segment will be read soon (the device may start reading)."""

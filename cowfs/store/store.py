@@ -22,6 +22,7 @@ from typing import Callable, TypeVar
 from ..errors import Busy, InvalidArgument, IsADirectory, NotADirectory, NotFound
 from . import events as ev
 from . import history as hist
+from . import lineage
 from . import namespace as ns
 from . import snapshots as snaps
 from .buffers import window_pool
@@ -165,6 +166,12 @@ class Store:
         """Where the catalog has chunk `chunk_id` (a delta's base, found while decoding)."""
         row = self.catalog.read(lambda c: c.execute(f"SELECT {LOCATION_COLS} FROM chunks WHERE hash=?", (chunk_id,)).fetchone())
         return None if row is None else location(*row)
+
+    def _advise_bases(self, chunk_ids: list[bytes]) -> None:
+        """Deltas among `chunk_ids` will be read soon: start reading the records of their bases."""
+        for row in self.catalog.read(lambda c: lineage.base_locations(c, chunk_ids)):
+            loc = location(*row)
+            self.log.will_need(loc.seg_id, loc.offset, loc.span)
 
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
@@ -325,7 +332,7 @@ class Store:
         """A reader of a body's extents (the caller holds the body: holds.py)."""
         return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
                           prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
-                          decode=self.log.decode)
+                          decode=self.log.decode_into, advise_bases=self._advise_bases)
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""

@@ -155,3 +155,36 @@ def test_bytearray_exported_follows_views():
     assert not _native.bytearray_exported(b)
     with pytest.raises(TypeError):
         _native.bytearray_exported(b"bytes")
+
+
+@pytest.mark.parametrize("elem", [1, 2, 4, 8])
+def test_sub_zigzag_matches_the_arithmetic_and_add_unzigzag_inverts_it(elem):
+    import numpy as np
+
+    it = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[elem]
+    info = np.iinfo(it)
+    rng = np.random.default_rng(elem)
+    n = 4099  # not a multiple of any vector width
+    a = rng.integers(info.min, info.max, n, dtype=it, endpoint=True)
+    a[:4] = [info.min, info.max, 0, -1]
+    b = rng.integers(info.min, info.max, n, dtype=it, endpoint=True)
+    b[:4] = [info.max, info.min, -1, 0]  # differences that wrap both ways
+    out = np.empty(n * elem, np.uint8)
+    _native.sub_zigzag(a.view(np.uint8), b.view(np.uint8), out, elem)
+    d = [(int(x) - int(y) + 2 ** (8 * elem - 1)) % 2 ** (8 * elem) - 2 ** (8 * elem - 1) for x, y in zip(a, b)]
+    zig = [(v << 1) if v >= 0 else ((-v) << 1) - 1 for v in d]  # the zigzag map, as numbers
+    assert out.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[elem]).tolist() == zig
+    _native.add_unzigzag(out, b.view(np.uint8), elem)
+    assert out.tobytes() == a.tobytes()
+
+
+def test_delta_helpers_refuse_bad_sizes():
+    buf = bytearray(8)
+    with pytest.raises(ValueError, match="element size 3"):
+        _native.sub_zigzag(bytes(6), bytes(6), bytearray(6), 3)
+    with pytest.raises(ValueError, match="buffers of 8 and 4 bytes"):
+        _native.sub_zigzag(bytes(8), bytes(4), buf, 2)
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        _native.add_unzigzag(bytearray(6), bytes(6), 4)
+    with pytest.raises(TypeError):
+        _native.add_unzigzag(bytes(8), bytes(8), 2)  # the destination must be writable
