@@ -248,11 +248,14 @@ def markdown(results: dict[str, Any], summary: dict[str, Any] | None, series: li
                          f"({s['stored_after'] / s['logical']:.3f}) | {s['MBps']:.0f} | {s['unchanged_before']} B | "
                          f"{s['resave_raw'] / MiB:.1f} MiB | {s['resave_compacted']} B |")
         lines.append("")
-    lines += ["#### Issue-14 targets (against this run)", ""]
-    for t in tgts:
-        mark = "REPORTED" if t["met"] is None else ("MET" if t["met"] else "NOT MET")
-        lines.append(f"- **{mark}** {t['target']}: {t['detail']}")
+    lines += ["#### Issue-14 targets (against this run)", ""] + target_lines(tgts, "REPORTED")
     return "\n".join(lines) + "\n"
+
+
+def target_lines(tgts: list[dict[str, Any]], no_bound: str) -> list[str]:
+    """One Markdown line per target: MET, NOT MET, or `no_bound` where there is none."""
+    return [f"- **{no_bound if t['met'] is None else ('MET' if t['met'] else 'NOT MET')}** {t['target']}: {t['detail']}"
+            for t in tgts]
 
 
 def section(results: dict[str, Any]) -> str:

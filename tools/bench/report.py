@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .compactreport import section
+from .compactreport import section, target_lines
 from .docs import COMPACTION, update_docs
 
 MB = 1e6
@@ -175,10 +175,7 @@ def markdown(results: dict[str, Any], summaries: list[dict[str, Any]], tgts: lis
             lines.append(f"| {label} | {x['save_MBps']:.0f} | {x['durable_s']:.2f} | {x['spilled_MiB']:.0f} MiB "
                          f"| {x['cold_read_MBps']:.0f} | {x['daemon_cpu_s_per_GiB']:.2f} |")
         lines.append("")
-    lines += ["### Targets (against the baselines of this run)", ""]
-    for t in tgts:
-        mark = "N/A" if t["met"] is None else ("MET" if t["met"] else "NOT MET")
-        lines.append(f"- **{mark}** {t['target']}: {t['detail']}")
+    lines += ["### Targets (against the baselines of this run)", ""] + target_lines(tgts, "N/A")
     return "\n".join(lines) + "\n"
 
 
