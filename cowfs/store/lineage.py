@@ -18,9 +18,9 @@ import sqlite3
 
 import blake3
 
-from .catalog import Txn
+from .catalog import Catalog, Txn
 from .codecs import MAX_CHAIN
-from .log import LOCATION_COLS
+from .log import LOCATION_COLS, Log, location
 
 
 def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
@@ -68,6 +68,18 @@ def base_locations(conn: sqlite3.Connection, hashes: list[bytes]) -> list[tuple]
         f" ({marks}) UNION SELECT c.base_cid, b.depth + 1 FROM chunks c JOIN b ON c.cid = b.cid"
         f" WHERE c.base_cid IS NOT NULL AND b.depth < ?) SELECT {LOCATION_COLS} FROM chunks"
         " WHERE cid IN (SELECT cid FROM b)", (*hashes, MAX_CHAIN)).fetchall()
+
+
+def advise_bases(catalog: Catalog, log: Log, chunk_ids: list[bytes]) -> None:
+    """Deltas among `chunk_ids` will be read soon: start reading the records of their bases
+    (a hint: if the catalog cannot say, the read finds the bases itself, or fails itself)."""
+    try:
+        rows = catalog.read(lambda c: base_locations(c, chunk_ids))
+    except Exception:
+        return
+    for row in rows:
+        loc = location(*row)
+        log.will_need(loc.seg_id, loc.offset, loc.span)
 
 
 def may_lean_on(conn: sqlite3.Connection, q: int, p_chain: list[int]) -> bool:

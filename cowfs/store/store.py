@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -166,12 +167,6 @@ class Store:
         """Where the catalog has chunk `chunk_id` (a delta's base, found while decoding)."""
         row = self.catalog.read(lambda c: c.execute(f"SELECT {LOCATION_COLS} FROM chunks WHERE hash=?", (chunk_id,)).fetchone())
         return None if row is None else location(*row)
-
-    def _advise_bases(self, chunk_ids: list[bytes]) -> None:
-        """Deltas among `chunk_ids` will be read soon: start reading the records of their bases."""
-        for row in self.catalog.read(lambda c: lineage.base_locations(c, chunk_ids)):
-            loc = location(*row)
-            self.log.will_need(loc.seg_id, loc.offset, loc.span)
 
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
@@ -332,7 +327,8 @@ class Store:
         """A reader of a body's extents (the caller holds the body: holds.py)."""
         return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
                           prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
-                          decode=self.log.decode_into, advise_bases=self._advise_bases)
+                          decode=self.log.decode_into,
+                          advise_bases=partial(lineage.advise_bases, self.catalog, self.log))
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
