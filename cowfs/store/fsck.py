@@ -223,7 +223,8 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
 def _verify(store: "Store", conn: sqlite3.Connection, h: bytes, loc: Location, base_cid: int | None,
             payload: memoryview) -> str | None:
     """Why the record's payload does not decode to chunk `h` (None when it does). A delta is
-    decoded through its bases, which are read and verified too."""
+    decoded through its bases (read and decoded; each base is verified as a chunk of its own
+    by the same scan, and a bad one makes this result fail its hash)."""
     if not loc.encoded:
         return None if blake3.blake3(payload).digest() == h else "content hash mismatch"
     try:

@@ -18,9 +18,8 @@ import sqlite3
 
 import blake3
 
-from .catalog import Catalog, Txn
+from .catalog import Txn
 from .codecs import MAX_CHAIN
-from .log import LOCATION_COLS, Log, location
 
 
 def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
@@ -55,31 +54,6 @@ def chain(conn: sqlite3.Connection, cid: int) -> list[int]:
             break
         out.append(int(row[0]))
     return out
-
-
-def base_locations(conn: sqlite3.Connection, hashes: list[bytes]) -> list[tuple]:
-    """The LOCATION_COLS rows of every base the chunks `hashes` decode through (not the
-    chunks themselves): what a read of them will also read."""
-    if not hashes:
-        return []
-    marks = ",".join("?" * len(hashes))
-    return conn.execute(
-        "WITH RECURSIVE b(cid, depth) AS (SELECT base_cid, 1 FROM chunks WHERE base_cid IS NOT NULL AND hash IN"
-        f" ({marks}) UNION SELECT c.base_cid, b.depth + 1 FROM chunks c JOIN b ON c.cid = b.cid"
-        f" WHERE c.base_cid IS NOT NULL AND b.depth < ?) SELECT {LOCATION_COLS} FROM chunks"
-        " WHERE cid IN (SELECT cid FROM b)", (*hashes, MAX_CHAIN)).fetchall()
-
-
-def advise_bases(catalog: Catalog, log: Log, chunk_ids: list[bytes]) -> None:
-    """Deltas among `chunk_ids` will be read soon: start reading the records of their bases
-    (a hint: if the catalog cannot say, the read finds the bases itself, or fails itself)."""
-    try:
-        rows = catalog.read(lambda c: base_locations(c, chunk_ids))
-    except Exception:
-        return
-    for row in rows:
-        loc = location(*row)
-        log.will_need(loc.seg_id, loc.offset, loc.span)
 
 
 def may_lean_on(conn: sqlite3.Connection, q: int, p_chain: list[int]) -> bool:

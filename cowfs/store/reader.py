@@ -24,7 +24,6 @@ from typing import Callable, Iterator
 
 from ..errors import CorruptData
 from .buffers import BufferPool
-from .codecs import DELTA_CODECS
 from .content import Extent, VersionId, find_extent
 from .log import Location
 from .records import MAX_PAYLOAD
@@ -36,7 +35,6 @@ CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BL
 Decode = Callable[[bytes, Location, memoryview, memoryview], None]
 Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
 Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
-AdviseBases = Callable[[list[bytes]], None]  # these deltas will be read soon: start reading their bases
 
 WINDOW = 4 << 20  # bytes of a window (the kernel sends READs of up to 1 MiB)
 AHEAD = 2  # windows loaded ahead of the one being read
@@ -95,8 +93,7 @@ class FileReader:
     def __init__(self, extents: list[Extent], size: int, read_run: ReadRun, check: CheckChunk,
                  on_close: Callable[[], None] | None = None, version: VersionId | None = None,
                  prefetch: Prefetch | None = None, advise: Advise | None = None,
-                 buffers: BufferPool[bytearray] | None = None, decode: Decode | None = None,
-                 advise_bases: AdviseBases | None = None) -> None:
+                 buffers: BufferPool[bytearray] | None = None, decode: Decode | None = None) -> None:
         self.extents = extents
         self.size = size
         self.version = version
@@ -107,7 +104,6 @@ class FileReader:
         self._advise = advise
         self._buffers = buffers
         self._decode = decode
-        self._advise_bases = advise_bases
         self._on_close = on_close
         self._lock = threading.Lock()  # guards the fields below; never held during I/O
         self._windows: dict[int, Future[Window]] = {}
@@ -219,23 +215,13 @@ class FileReader:
 
     def _load_window(self, k: int) -> Window:
         """Window k; and the device is asked to start reading window k + AHEAD, so that its load
-        (read ahead later) finds the bytes in memory rather than waiting for the disk. The
-        bases of deltas are asked for too: those of window k + AHEAD, and those of window k
-        itself (all at once, rather than one after the other as decoding finds them)."""
+        (read ahead later) finds the bytes in memory rather than waiting for the disk."""
         hint = k + AHEAD
         if self._advise is not None and self._prefetch is not None and hint * WINDOW < self.size:
             exts, _base, _top = covering(self.extents, self._starts, self.size, hint * WINDOW, (hint + 1) * WINDOW)
             for seg, at, n, _run in record_runs(exts):
                 self._advise(seg, at, n)
-            self._ask_bases(exts)
-        if k < AHEAD or self._prefetch is None:  # no earlier load asked for this window's bases
-            self._ask_bases(covering(self.extents, self._starts, self.size, k * WINDOW, (k + 1) * WINDOW)[0])
         return self._load_range(k * WINDOW, (k + 1) * WINDOW)
-
-    def _ask_bases(self, exts: list[Extent]) -> None:
-        deltas = [e.chunk for e in exts if e.chunk is not None and e.loc is not None and e.loc.codec in DELTA_CODECS]
-        if deltas and self._advise_bases is not None:
-            self._advise_bases(deltas)
 
     def _load_range(self, lo: int, hi: int) -> Window:
         pool = self._buffers

@@ -16,14 +16,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..errors import Busy, InvalidArgument, IsADirectory, NotADirectory, NotFound
 from . import events as ev
 from . import history as hist
-from . import lineage
 from . import namespace as ns
 from . import snapshots as snaps
 from .buffers import window_pool
@@ -327,8 +325,7 @@ class Store:
         """A reader of a body's extents (the caller holds the body: holds.py)."""
         return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
                           prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
-                          decode=self.log.decode_into,
-                          advise_bases=partial(lineage.advise_bases, self.catalog, self.log))
+                          decode=self.log.decode_into)
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""

@@ -107,13 +107,16 @@ ENGINE_BASE_ID = bytes(engine.ID_SIZE)  # the base's chunk id: its value does no
 
 
 def blosc2_coder(label: str, filt: blosc2.Filter, codec: blosc2.Codec, clevel: int,
-                 typesize: int | None = None) -> Coder:
+                 typesize: int | None = None, **tuning: object) -> Coder:
+    """`tuning`: more Blosc2 cparams (blocksize, splitmode) and `then`, a filter after `filt`."""
     state = {"nthreads": 1}
+    then = tuning.pop("then", None)
+    filters = [filt] + ([then] if then is not None else [])
 
     def enc(buf: np.ndarray, size: int) -> bytes:
         ts = typesize or (size if size <= engine.MAX_TYPESIZE else 1)
-        return blosc2.compress2(buf, typesize=ts, clevel=clevel, codec=codec, filters=[filt],
-                                filters_meta=[0], nthreads=state["nthreads"])
+        return blosc2.compress2(buf, typesize=ts, clevel=clevel, codec=codec, filters=filters,
+                                filters_meta=[0] * len(filters), nthreads=state["nthreads"], **tuning)
 
     def dec(blob: bytes, size: int, n: int) -> np.ndarray:
         return np.frombuffer(blosc2.decompress2(blob, nthreads=state["nthreads"]), np.uint8)
@@ -205,6 +208,11 @@ def all_coders() -> dict[str, Coder]:
             coders.append(blosc2_coder(f"blosc2 {fname}+zstd-{level}", filt, C.ZSTD, level))
         coders.append(blosc2_coder(f"blosc2 {fname}+lz4-5", filt, C.LZ4, 5))
     coders.append(blosc2_coder("blosc2 zstd-1, typesize 1 (no grouping)", F.SHUFFLE, C.ZSTD, 1, typesize=1))
+    S = blosc2.SplitMode  # the engine's call with one Blosc2 setting changed
+    coders += [blosc2_coder("blosc2 shuffle+zstd-1 blocks-1MiB", F.SHUFFLE, C.ZSTD, 1, blocksize=1 << 20),
+               blosc2_coder("blosc2 shuffle+zstd-1 always-split", F.SHUFFLE, C.ZSTD, 1, splitmode=S.ALWAYS_SPLIT),
+               blosc2_coder("blosc2 shuffle+zstd-1 never-split", F.SHUFFLE, C.ZSTD, 1, splitmode=S.NEVER_SPLIT),
+               blosc2_coder("blosc2 shuffle+bytedelta+zstd-1", F.SHUFFLE, C.ZSTD, 1, then=F.BYTEDELTA)]
     coders += [numcodecs_coder(1), numcodecs_coder(3), zstd_coder(3)]
     z = zipnn_coder()
     if z is not None:
