@@ -42,8 +42,8 @@ async def compact_when_idle(ops: CowfsOperations, idle: float) -> None:
             continue
         for error in report.errors:
             log.warning("compaction: %s", error)
-        if report.recut or report.deltas:
-            log.info("compacted %d files (%d bytes): %d new pieces, %d deltas, in %.2fs", report.recut,
-                     report.logical_bytes, report.new_chunks, report.deltas, report.seconds)
+        if report.recut or report.deltas or report.regrouped:
+            log.info("compacted %d files (%d bytes): %d new pieces, %d deltas, %d regrouped, in %.2fs", report.recut,
+                     report.logical_bytes, report.new_chunks, report.deltas, report.regrouped, report.seconds)
         if not report.stopped:
             handles.compacted_seq = seq

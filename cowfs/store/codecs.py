@@ -41,6 +41,9 @@ CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", COD
 DELTA_CODECS = (CODEC_XOR, CODEC_SUB)
 ID_SIZE = 32
 MAX_CHAIN = 4  # records a read of one piece may touch: itself and up to 3 bases
+DELTA_MAX_SHARE = 0.9  # a delta is kept only if at most this share of the piece's whole record:
+# every read of the piece (and of older pieces leaning on it) decodes one more record for it,
+# so a delta that saves little costs reads more than it saves space (docs/benchmarks.md)
 SUB_SIZES = (1, 2, 4, 8)  # element sizes the subtraction delta handles
 CLEVEL = 1  # ZSTD level (docs/benchmarks.md, "Checkpoint codecs")
 MAX_TYPESIZE = 255  # Blosc2's limit for the shuffle's element size
@@ -49,7 +52,7 @@ MAX_TYPESIZE = 255  # Blosc2's limit for the shuffle's element size
 @dataclass(frozen=True)
 class Encoded:
     codec: int
-    payload: bytes
+    payload: bytes | memoryview
     base: bytes | None = None  # a delta: the id of the chunk it is a delta against
 
     @property
@@ -106,10 +109,10 @@ def can_subtract(length: int, elem_size: int) -> bool:
 
 
 def encode_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_raw: bytes | memoryview,
-                 beat: int) -> Encoded | None:
+                 whole_len: int) -> Encoded | None:
     """The difference against `base_raw` (subtraction per element where the length allows,
-    XOR otherwise), grouped and compressed; None unless it is smaller than `beat` bytes (the
-    chunk's present record)."""
+    XOR otherwise), grouped and compressed; None unless it takes at most DELTA_MAX_SHARE of
+    `whole_len` (the bytes of the piece's whole record)."""
     if len(raw) != len(base_raw):
         raise ValueError(f"delta of {len(raw)} bytes against {len(base_raw)}")
     if can_subtract(len(raw), elem_size):
@@ -117,7 +120,7 @@ def encode_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_r
     else:
         codec, diff = CODEC_XOR, xor_bytes(raw, base_raw)
     packed = _grouped(diff, elem_size)
-    if ID_SIZE + len(packed) >= beat:
+    if ID_SIZE + len(packed) > whole_len * DELTA_MAX_SHARE:
         return None
     return Encoded(codec, base_id + packed, base_id)
 

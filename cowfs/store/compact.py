@@ -7,11 +7,15 @@ oldest first:
 
 1. read back (verified) and cut by pieces.plan: tensor pieces of recognised formats
    (formats/), content-defined chunks for the rest;
-2. pieces and chunks not stored yet are encoded (codecs.encode_whole) in worker threads
-   and appended to the log; those already stored are shared (dedup stays global);
+2. tensor pieces not stored yet are appended raw (the newest checkpoint reads at disk
+   speed), other chunks encoded (codecs.encode_whole) in worker threads; those already
+   stored are shared (dedup stays global);
 3. for every tensor piece whose lineage (lineage.py) had a different newest piece, the
-   superseded piece is re-encoded as a delta against the new one (unless that would make
-   a read touch more than MAX_CHAIN records) and appended as a new record of its chunk id;
+   superseded piece is re-encoded in worker threads: as a delta against the new one,
+   unless that would make a read touch more than MAX_CHAIN records or save less than a
+   tenth (codecs.DELTA_MAX_SHARE), else, if it was raw, grouped and compressed whole; a
+   raw piece the new body shares unchanged (a frozen tensor) is grouped and compressed
+   too. Each is appended as a new record of its chunk id;
 4. the log is synced, then one catalog transaction adds the new chunks, a new body with
    the new extents, points every version of the old body at it, switches each re-encoded
    chunk to its new record, and advances the lineages. The old body, its chunks and the
@@ -34,7 +38,7 @@ from ..errors import CorruptData
 from . import lineage
 from .catalog import Txn
 from .chunking import chunk_id, cut_all
-from .codecs import DELTA_CODECS, encode_delta, encode_whole
+from .codecs import CODEC_RAW, DELTA_CODECS, Encoded, encode_delta, encode_whole
 from .content import Extent, load_extents
 from .formats import regions
 from .log import LOCATION_COLS, Location, location
@@ -57,6 +61,7 @@ class CompactReport:
     new_chunks: int = 0  # pieces and chunks stored for the first time
     new_stored_bytes: int = 0  # their payload bytes
     deltas: int = 0  # superseded pieces re-encoded as deltas
+    regrouped: int = 0  # raw pieces (superseded, or shared by a newer body) grouped and compressed whole
     delta_saved_bytes: int = 0  # stored bytes those deltas saved
     stopped: bool = False  # interrupted before every body was done
     seconds: float = 0.0
@@ -74,7 +79,7 @@ class _Delta:
     cid: int  # the superseded piece, re-encoded
     old: Location
     new: Location
-    base: bytes  # the id of the piece it is now a delta against (one of this body's)
+    base: bytes | None  # the id of the piece it is now a delta against (one of this body's); None: whole
     saved: int
 
 
@@ -83,8 +88,8 @@ class _Job:
     cid: int  # the superseded piece
     chunk: bytes
     loc: Location
-    base: bytes  # the new piece
-    base_raw: memoryview
+    base: bytes | None  # the new piece, if the superseded one may become a delta against it
+    base_raw: memoryview | None
     elem_size: int
 
 
@@ -202,7 +207,9 @@ class _Body:
             if h not in known and h not in fresh:
                 fresh[h] = (view, s.elem_size)
         items = list(fresh.items())
-        encoded = list(self.pool.map(lambda it: encode_whole(it[1][0], it[1][1]), items))
+        keyed = {h for (s, _v), h in zip(cut, ids) if s.key is not None}
+        encoded = list(self.pool.map(
+            lambda it: Encoded(CODEC_RAW, it[1][0]) if it[0] in keyed else encode_whole(it[1][0], it[1][1]), items))
         records = [(h, e.payload, len(v), e.codec) for (h, (v, _)), e in zip(items, encoded)]
         locs = self.store.log.append_records(records) if records else []
         for (h, *_), loc in zip(records, locs):
@@ -226,18 +233,19 @@ class _Body:
             return
         self.pinned.extend(j.chunk for j in jobs)
         self.store.index.pin([j.chunk for j in jobs])
-        results = list(self.pool.map(self._encode_delta, jobs))
+        results = list(self.pool.map(self._reencode, jobs))
         good = [(job, enc) for job, enc in zip(jobs, results) if enc is not None]
         if not good:
             return
         locs = self.store.log.append_records([(j.chunk, enc.payload, j.loc.length, enc.codec) for j, enc in good])
-        for (job, _enc), loc in zip(good, locs):
+        for (job, enc), loc in zip(good, locs):
             self.store.index.add_location(job.chunk, loc)
-            self.deltas.append(_Delta(job.cid, job.loc, loc, job.base, job.loc.stored_len - loc.stored_len))
+            self.deltas.append(_Delta(job.cid, job.loc, loc, enc.base, job.loc.stored_len - loc.stored_len))
 
     def _delta_jobs(self, conn: sqlite3.Connection, pieces: list[tuple[Span, memoryview, bytes]]) -> list[_Job]:
-        """A job for each superseded piece that can become a delta: a whole record of the same
-        length, seen once, and the chain rule of lineage.may_lean_on holds."""
+        """A job for each lineage's previous newest piece (seen once): a whole record of the
+        same length that may become a delta if the chain rule of lineage.may_lean_on holds,
+        or, if it is raw, is to be grouped whatever (superseded, or shared unchanged)."""
         jobs = []
         for span, view, h in pieces:
             assert span.key is not None
@@ -245,24 +253,37 @@ class _Body:
             if q is None or q in self.superseded:
                 continue
             row = conn.execute(f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE cid=?", (q,)).fetchone()
-            if row is None or bytes(row[0]) == h:
+            if row is None:
                 continue
             loc = location(*row[1:])
-            p = conn.execute("SELECT cid FROM chunks WHERE hash=?", (h,)).fetchone()
-            p_chain = lineage.chain(conn, p[0]) if p else [-1]  # a new piece: one whole record
-            if loc.codec in DELTA_CODECS or loc.length != len(view) or not lineage.may_lean_on(conn, q, p_chain):
+            if loc.codec in DELTA_CODECS or loc.length != len(view):
+                continue
+            lean = False
+            if bytes(row[0]) != h:
+                p = conn.execute("SELECT cid FROM chunks WHERE hash=?", (h,)).fetchone()
+                p_chain = lineage.chain(conn, p[0]) if p else [-1]  # a new piece: one whole record
+                lean = lineage.may_lean_on(conn, q, p_chain)
+            if not lean and loc.codec != CODEC_RAW:
                 continue
             self.superseded.add(q)
-            jobs.append(_Job(q, bytes(row[0]), loc, h, view, span.elem_size))
+            jobs.append(_Job(q, bytes(row[0]), loc, h if lean else None, view if lean else None, span.elem_size))
         return jobs
 
-    def _encode_delta(self, job: _Job):  # type: ignore[no-untyped-def]
+    def _reencode(self, job: _Job) -> Encoded | None:
+        """The piece's new record: a delta if allowed and small enough, else (a raw piece)
+        grouped whole; None to keep the record it has."""
         try:
             raw = self.store.log.read_chunk(job.loc, job.chunk)
         except Exception as e:  # a damaged piece stays as it is; fsck reports it
             self.report.errors.append(f"chunk {job.chunk.hex()[:16]}: not re-encoded ({e})")
             return None
-        return encode_delta(raw, job.elem_size, job.base, job.base_raw, beat=job.loc.stored_len)
+        whole = encode_whole(raw, job.elem_size) if job.loc.codec == CODEC_RAW else None
+        if job.base is not None and job.base_raw is not None:
+            delta = encode_delta(raw, job.elem_size, job.base, job.base_raw,
+                                 whole.stored_len if whole is not None else job.loc.stored_len)
+            if delta is not None:
+                return delta
+        return whole if whole is not None and whole.codec != CODEC_RAW else None
 
     # -- step 4 ---------------------------------------------------------------------------
 
@@ -294,8 +315,8 @@ class _Body:
         for loc in list(locs.values()) + [d.new for d in self.deltas]:
             ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
         for d in self.deltas:  # checked again here: earlier switches in this loop count too
-            base = cids[d.base]
-            if not lineage.may_lean_on(txn.conn, d.cid, lineage.chain(txn.conn, base)):
+            base = None if d.base is None else cids[d.base]
+            if base is not None and not lineage.may_lean_on(txn.conn, d.cid, lineage.chain(txn.conn, base)):
                 continue
             changed = txn.execute(
                 "UPDATE chunks SET seg_id=?, offset=?, stored_len=?, codec=?, base_cid=? WHERE cid=? AND seg_id=?"
@@ -304,8 +325,11 @@ class _Body:
                  d.old.offset)).rowcount
             if changed:
                 retired.append((d.old.seg_id, d.old.offset, d.old.stored_len))
-                self.report.deltas += 1
-                self.report.delta_saved_bytes += d.saved
+                if base is None:
+                    self.report.regrouped += 1
+                else:
+                    self.report.deltas += 1
+                    self.report.delta_saved_bytes += d.saved
         txn.conn.executemany("UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?",
                              [(v, k) for k, v in ends.items()])
         for p in self.pieces:

@@ -2,6 +2,7 @@
 piece that does not shrink stays raw, deltas need their base, and damage is CorruptData."""
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -10,11 +11,11 @@ from hypothesis import given, settings, strategies as st
 
 from cowfs.errors import CorruptData
 from cowfs.store.codecs import (
-    CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR, ID_SIZE, base_of, decode, encode_delta, encode_whole, sub_bytes,
-    xor_bytes,
+    CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR, DELTA_MAX_SHARE, ID_SIZE, base_of, decode, encode_delta, encode_whole,
+    sub_bytes, xor_bytes,
 )
 
-NEVER = 1 << 40  # encode_delta's `beat`: any delta is smaller
+NEVER = 1 << 40  # encode_delta's `whole_len`: any delta is small enough
 
 
 def weights(n: int, seed: int, dtype: type = np.float32) -> np.ndarray:
@@ -61,6 +62,18 @@ def test_a_delta_that_does_not_beat_the_present_record_is_not_made() -> None:
     raw = bf16(weights(1 << 16, 4))
     whole = encode_whole(raw, 2)
     assert encode_delta(raw, 2, b"x" * ID_SIZE, os.urandom(len(raw)), whole.stored_len) is None
+
+
+def test_a_delta_must_save_a_tenth_of_the_whole_record() -> None:
+    raw = bf16(weights(1 << 16, 4))
+    base = bf16(weights(1 << 16, 5))
+    size = encode_delta(raw, 2, b"x" * ID_SIZE, base, NEVER).stored_len  # type: ignore[union-attr]
+    least = math.floor(size / DELTA_MAX_SHARE)  # the smallest whole record this delta beats by a tenth
+    while size > least * DELTA_MAX_SHARE:
+        least += 1
+    assert least > size * 1.1  # (a tenth of the whole, not of the delta)
+    assert encode_delta(raw, 2, b"x" * ID_SIZE, base, least) is not None
+    assert encode_delta(raw, 2, b"x" * ID_SIZE, base, least - 1) is None
 
 
 def test_odd_element_sizes_use_xor() -> None:

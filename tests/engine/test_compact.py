@@ -12,7 +12,7 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import CorruptData
 from cowfs.store import Store
-from cowfs.store.codecs import DELTA_CODECS, MAX_CHAIN
+from cowfs.store.codecs import CODEC_GROUPED, CODEC_RAW, MAX_CHAIN
 from cowfs.store.layout import CATALOG_FILE, segment_path
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
@@ -81,7 +81,17 @@ def test_series_reads_back_exactly_and_shrinks(store):
     assert again.bodies == 0 and again.deltas == 0
 
 
-def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_whole(store_path):
+def piece_codecs(s: Store, directory: str, name: str = "model.safetensors") -> list[int]:
+    """The codecs of the 1 MiB tensor pieces of /directory/name."""
+    conn = s.catalog.reader()
+    return [c for (c,) in conn.execute(
+        "SELECT c.codec FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
+        " ON v.content_id = e.content_id WHERE e.length = ? AND v.ino = (SELECT ino FROM dentries WHERE name = ?"
+        " AND parent = (SELECT ino FROM dentries WHERE name = ?))",
+        (1 << 20, name.encode(), directory.encode()))]
+
+
+def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_raw(store_path):
     with Store.open(store_path) as s:
         files = series(s, 3 * MAX_CHAIN)
         s.compact()
@@ -98,13 +108,9 @@ def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_whole(sto
     assert longest == MAX_CHAIN  # the chains are used as far as the bound allows
     newest = max(int(p.split("/")[1].split("-")[1]) for p in files)
     with Store.open(store_path) as s:
-        conn = s.catalog.reader()
-        codecs = conn.execute(
-            "SELECT DISTINCT c.codec FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
-            " ON v.content_id = e.content_id WHERE v.ino = (SELECT ino FROM dentries WHERE name = ?"
-            " AND parent = (SELECT ino FROM dentries WHERE name = ?))",
-            (b"model.safetensors", f"checkpoint-{newest}".encode())).fetchall()
-        assert not {c for (c,) in codecs} & set(DELTA_CODECS)
+        assert set(piece_codecs(s, f"checkpoint-{newest}")) == {CODEC_RAW}  # read at disk speed
+        for i in range(newest):  # every older piece is encoded: grouped, or a delta
+            assert CODEC_RAW not in piece_codecs(s, f"checkpoint-{i}"), i
         assert_reads(s, files)
 
 
@@ -116,6 +122,9 @@ def test_frozen_tensors_stay_shared(store):
     # the two frozen tensors (2 x 2 MiB) are stored once across the 4 model files
     frozen_once = 2 * ROWS * COLS * 4
     assert st["unique_bytes"] < 4 * 3 * ROWS * COLS * 4 * 2 - 3 * frozen_once + (1 << 20)
+    # the newest checkpoint shares the frozen pieces with the older ones: they are grouped, not
+    # kept raw; only its own trained tensor's 2 pieces are raw
+    assert sorted(piece_codecs(store, "checkpoint-3")) == [CODEC_RAW] * 2 + [CODEC_GROUPED] * 4
     assert_reads(store, files)
 
 
