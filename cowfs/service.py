@@ -59,7 +59,7 @@ def compact(store: Store, progress: Progress | None = None) -> dict[str, Any]:
     after = store.stats()
     return {"bodies": r.bodies, "recut": r.recut, "logical_bytes": r.logical_bytes, "pieces": r.pieces,
             "new_chunks": r.new_chunks, "new_stored_bytes": r.new_stored_bytes, "deltas": r.deltas,
-            "delta_saved_bytes": r.delta_saved_bytes, "regrouped": r.regrouped, "stored_bytes_before": before["stored_bytes"],
+            "delta_saved_bytes": r.delta_saved_bytes, "regrouped": r.regrouped, "rewritten": r.rewritten, "stored_bytes_before": before["stored_bytes"],
             "stored_bytes": after["stored_bytes"], "logical_bytes_total": after["logical_bytes"],
             "errors": r.errors, "seconds": round(r.seconds, 3)}
 

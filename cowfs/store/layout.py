@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import StoreError
 
 FORMAT_NAME = "cowfs-store"
-FORMAT_VERSION = 2  # 2: encoded records and their catalog columns; `cowfs upgrade` migrates 1
+FORMAT_VERSION = 3  # 2: encoded records and their catalog columns; 3: lineage by generation; `cowfs upgrade` migrates 1, 2
 OLDEST_UPGRADABLE = 1
 CONFIG_FILE = "cowfs-store.json"
 CATALOG_FILE = "catalog.db"

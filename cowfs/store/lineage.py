@@ -1,16 +1,17 @@
 """The lineage index and the delta policy.
 
-The index keeps, for each tensor piece (tensor name, dtype, shape; piece k), the newest
-piece the compactor has seen, so the next checkpoint's piece k of the same tensor finds
-its predecessor wherever the file lives (a new `checkpoint-N/` directory, a new Lightning
-file name, the same path rewritten).
+The index keeps, for each tensor piece (tensor name, dtype, shape; piece k), the piece each
+compacted body had, by the body's generation, so a checkpoint's piece k of a tensor finds
+the same piece of the checkpoints just before and after it wherever the files live (a new
+`checkpoint-N/` directory, a new Lightning file name, the same path rewritten), whatever
+order the bodies are compacted in.
 
 Policy (docs/design.md, "Compaction"): reverse deltas. The newest piece of a lineage is
-stored whole; when a newer distinct piece P arrives, the piece Q it supersedes becomes a
-delta against P, unless that would make some read touch more than MAX_CHAIN records: the
-chain of deltas already leaning on Q (its height), Q itself and P's own records must fit.
-So every MAX_CHAIN-th piece of a lineage stays whole (a keyframe), older checkpoints read
-through at most MAX_CHAIN records per piece, and the newest reads one.
+stored whole (raw); an older piece Q is a delta against the next newer distinct piece P,
+unless that would make some read touch more than MAX_CHAIN records: the chain of deltas
+already leaning on Q (its height), Q itself and P's own records must fit. So every
+MAX_CHAIN-th piece of a lineage stays whole (a keyframe), older checkpoints read through at
+most MAX_CHAIN records per piece, and the newest reads one.
 """
 from __future__ import annotations
 
@@ -27,14 +28,23 @@ def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
     return blake3.blake3(text.encode()).digest()[:16]
 
 
-def lookup(conn: sqlite3.Connection, key: bytes, piece: int) -> int | None:
-    """The chunks.cid of the newest piece seen for (key, piece)."""
-    row = conn.execute("SELECT cid FROM lineage WHERE tensor_key=? AND piece=?", (key, piece)).fetchone()
-    return None if row is None else int(row[0])
+def newer(conn: sqlite3.Connection, key: bytes, piece: int, gen: int) -> tuple[int, int] | None:
+    """(generation, chunks.cid) of the piece of the nearest body after generation `gen`."""
+    row = conn.execute("SELECT gen, cid FROM lineage WHERE tensor_key=? AND piece=? AND gen>? ORDER BY gen LIMIT 1",
+                       (key, piece, gen)).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
 
 
-def advance(txn: Txn, key: bytes, piece: int, cid: int) -> None:
-    txn.execute("INSERT OR REPLACE INTO lineage(tensor_key, piece, cid) VALUES (?,?,?)", (key, piece, cid))
+def older(conn: sqlite3.Connection, key: bytes, piece: int, gen: int) -> tuple[int, int] | None:
+    """(generation, chunks.cid) of the piece of the nearest body before generation `gen`."""
+    row = conn.execute("SELECT gen, cid FROM lineage WHERE tensor_key=? AND piece=? AND gen<?"
+                       " ORDER BY gen DESC LIMIT 1", (key, piece, gen)).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def record(txn: Txn, rows: list[tuple[bytes, int, int, int]]) -> None:
+    """(tensor key, piece, body generation, cid) rows of a compacted body."""
+    txn.conn.executemany("INSERT OR REPLACE INTO lineage(tensor_key, piece, gen, cid) VALUES (?,?,?,?)", rows)
 
 
 def height(conn: sqlite3.Connection, cid: int) -> int:

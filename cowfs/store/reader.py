@@ -143,6 +143,15 @@ class FileReader:
             # its own chunks count
             return self._serve([self._load_range(offset, end)], offset, end)
 
+    def read_alone(self, offset: int, length: int) -> bytes | memoryview:
+        """Bytes [offset, offset + length) read from their own chunks only: no window, nothing
+        read ahead (for a parser that reads a header here and a directory there)."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return b""
+        with self._named_errors():
+            return self._serve([self._load_range(offset, end)], offset, end)
+
     def cached(self, offset: int, length: int) -> bytes | memoryview | None:
         """The bytes if their windows are loaded, without waiting for any I/O (for a caller that
         must not block; it verifies their chunks); None if it has to wait."""

@@ -5,7 +5,8 @@ birth_gen <= G < death_gen; live rows have death_gen = LIVE.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 2  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; upgrade.py migrates 1
+SCHEMA_VERSION = 3  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen
+# (upgrade.py migrates 1 and 2)
 LIVE = (1 << 62)  # death_gen of rows that are still current
 ROOT_INO = 1
 
@@ -52,12 +53,14 @@ CREATE TABLE contents (
 );
 CREATE INDEX contents_pending ON contents(content_id) WHERE compacted = 0;
 
-CREATE TABLE lineage (                 -- the newest piece of each tensor piece seen by the compactor
+CREATE TABLE lineage (                 -- each compacted body's piece of each tensor piece
   tensor_key BLOB NOT NULL,            -- lineage.tensor_key(name, dtype, shape): 16 bytes
   piece      INTEGER NOT NULL,         -- index of the piece within its tensor
-  cid        INTEGER NOT NULL,         -- chunks.cid of the newest piece
-  PRIMARY KEY (tensor_key, piece)
+  gen        INTEGER NOT NULL,         -- the body's generation (smallest data_gen of its versions)
+  cid        INTEGER NOT NULL,         -- chunks.cid of that body's piece
+  PRIMARY KEY (tensor_key, piece, gen)
 ) WITHOUT ROWID;
+CREATE INDEX lineage_cid ON lineage(cid);
 
 CREATE TABLE extents (
   content_id  INTEGER NOT NULL,        -- contents.content_id

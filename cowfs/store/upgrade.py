@@ -1,11 +1,16 @@
 """`cowfs upgrade STORE`: bring a store of an older format version to this one, in place.
 
 Version 1 -> 2: the catalog gets chunks.codec (0 for every existing record: they are all
-raw), chunks.base_cid, contents.compacted and the lineage table, in one transaction; then the config file is rewritten with the
-new version (atomic rename). Segment files need no change: a version 1 record is a raw
-version 2 record. Crash states: before the catalog commit, nothing changed; after it and
-before the config rename, the config still says 1 and opening the store asks for the
-upgrade again, which finds the catalog done and only rewrites the config.
+raw), chunks.base_cid, contents.compacted and the lineage table. Version 2 -> 3: the
+lineage keeps a row per compacted body (lineage.gen); each version 2 row, the newest piece
+of its lineage, gets the generation that first stored its chunk (chunks.first_gen, the
+generation of the body it was compacted from). A store is brought from its version to
+this one in one catalog transaction; then the config file is rewritten with the new
+version (atomic rename). Segment files need no change: a version 1 record is a raw
+version 2 and 3 record. Crash states: before the catalog commit, nothing changed; after
+it and before the config rename, the config still says the old version and opening the
+store asks for the upgrade again, which finds the catalog done and only rewrites the
+config.
 """
 from __future__ import annotations
 
@@ -29,6 +34,16 @@ CATALOG_1_TO_2 = (
     " PRIMARY KEY (tensor_key, piece)) WITHOUT ROWID",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
+CATALOG_2_TO_3 = (
+    "CREATE TABLE lineage3 (tensor_key BLOB NOT NULL, piece INTEGER NOT NULL, gen INTEGER NOT NULL,"
+    " cid INTEGER NOT NULL, PRIMARY KEY (tensor_key, piece, gen)) WITHOUT ROWID",
+    "INSERT INTO lineage3 SELECT l.tensor_key, l.piece, c.first_gen, l.cid FROM lineage l JOIN chunks c ON c.cid = l.cid",
+    "DROP TABLE lineage",
+    "ALTER TABLE lineage3 RENAME TO lineage",
+    "CREATE INDEX lineage_cid ON lineage(cid)",
+    "UPDATE meta SET value = 3 WHERE key = 'schema_version'",
+)
+STEPS = {1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3}  # schema version -> the statements that bring it to the next
 
 
 def upgrade(root: Path) -> tuple[int, int]:
@@ -69,11 +84,13 @@ def _upgrade_catalog(path: Path) -> None:
         schema = int(row[0]) if row else None
         if schema == SCHEMA_VERSION:
             return  # done by an upgrade that stopped before rewriting the config
-        if schema != 1:
+        if schema not in STEPS:
             raise StoreError(f"{path}: catalog schema version {schema} cannot be upgraded")
         conn.execute("BEGIN IMMEDIATE")
-        for stmt in CATALOG_1_TO_2:
-            conn.execute(stmt)
+        while schema != SCHEMA_VERSION:
+            for stmt in STEPS[schema]:
+                conn.execute(stmt)
+            schema += 1
         conn.execute("COMMIT")
     except sqlite3.DatabaseError as e:
         raise StoreError(f"{path}: catalog cannot be upgraded ({e})") from None

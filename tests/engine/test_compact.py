@@ -50,6 +50,20 @@ def series(store: Store, n: int, frozen: tuple[str, ...] = ()) -> dict[str, byte
     return files
 
 
+def series_step(store: Store, files: dict[str, bytes], i: int) -> dict[str, bytes]:
+    """Checkpoint i of series() after checkpoints 0..i-1 (which `files` holds)."""
+    w = weights()
+    for step in range(i + 1):
+        w = train_step(w, step)
+    store.mkdir(1, f"checkpoint-{i}".encode())
+    new = {f"/checkpoint-{i}/model.safetensors": st_save(w),
+           f"/checkpoint-{i}/optimizer.pt": torch_bytes({"state": {k: {"exp_avg": v * 0.1} for k, v in w.items()}}),
+           f"/checkpoint-{i}/trainer_state.json": f'{{"global_step": {i * 20}}}'.encode()}
+    for path, data in new.items():
+        store.write_file(path, data)
+    return new
+
+
 def assert_reads(store: Store, files: dict[str, bytes]) -> None:
     for path, data in files.items():
         assert store.read_file(path) == data, path
@@ -112,6 +126,45 @@ def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_raw(store
         for i in range(newest):  # every older piece is encoded: grouped, or a delta
             assert CODEC_RAW not in piece_codecs(s, f"checkpoint-{i}"), i
         assert_reads(s, files)
+
+
+def piece_rows(s: Store, directory: str, name: str = "model.safetensors") -> list[tuple[int, int | None]]:
+    """(cid, base_cid) of the tensor pieces of /directory/name, in file order."""
+    conn = s.catalog.reader()
+    return conn.execute(
+        "SELECT c.cid, c.base_cid FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
+        " ON v.content_id = e.content_id WHERE e.length = ? AND v.ino = (SELECT ino FROM dentries WHERE name = ?"
+        " AND parent = (SELECT ino FROM dentries WHERE name = ?)) ORDER BY e.file_offset",
+        (1 << 20, name.encode(), directory.encode())).fetchall()
+
+
+def test_a_backlog_is_compacted_newest_first_writing_each_piece_once(store):
+    files = series(store, 6)
+    report = store.compact()
+    assert report.rewritten == 0 and report.deltas > 0  # every older piece written once, already a delta
+    assert_reads(store, files)
+    files.update(series_step(store, files, 6))
+    report = store.compact()
+    # checkpoint-5's pieces (model 3 x 2, exp_avg 3 x 2) were raw, the newest: each is written
+    # again, as a delta against checkpoint-6's or grouped
+    assert report.rewritten == 12 and report.recut == 2
+    assert set(piece_codecs(store, "checkpoint-6")) == {CODEC_RAW}
+    assert CODEC_RAW not in piece_codecs(store, "checkpoint-5")
+    store.gc()
+    assert_reads(store, files)
+
+
+def test_an_older_piece_leans_on_its_nearest_newer_neighbour(store):
+    files = series(store, 1)
+    store.compact()
+    files.update(series_step(store, files, 1))
+    files.update(series_step(store, files, 2))
+    store.compact()  # checkpoint-2 first, then 1; checkpoint-0 (raw until now) must lean on 1, not 2
+    zero, one, two = (piece_rows(store, f"checkpoint-{i}") for i in range(3))
+    assert [base for _cid, base in zero] == [cid for cid, _base in one]
+    assert [base for _cid, base in one] == [cid for cid, _base in two]
+    store.gc()
+    assert_reads(store, files)
 
 
 def test_frozen_tensors_stay_shared(store):

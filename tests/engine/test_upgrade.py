@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save as st_save
 
 from cowfs.errors import Busy, StoreError
 from cowfs.store import Store
@@ -90,3 +93,53 @@ def test_cli_upgrade(v1_store: Path, tmp_path: Path) -> None:
     r = cli("upgrade", str(tmp_path / "nothing-here"))
     assert r.returncode != 0 and len(r.stderr.splitlines()) == 1
     check_contents(v1_store)
+
+
+# tests/data/store-v2.tar.gz was made by format version 2's code (commit bdf4cd4): three
+# checkpoints /checkpoint-{0,1,2}/model.safetensors of v2_series() below, compacted (the
+# older two as deltas) and gc'd.
+V2 = Path(__file__).parent.parent / "data" / "store-v2.tar.gz"
+
+
+def v2_series(n: int = 4) -> list[bytes]:
+    """The model files of the version 2 store, and one more checkpoint after them."""
+    g = torch.Generator().manual_seed(0)
+    w = {f"layers.{i}.weight": torch.randn(32, 256, generator=g) * 0.02 for i in range(2)}
+    out = []
+    for _ in range(n):
+        w = {k: v - 1e-4 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+        out.append(st_save(w))
+    return out
+
+
+@pytest.fixture
+def v2_store(tmp_path: Path) -> Path:
+    with tarfile.open(V2) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "v2store"
+
+
+def test_version_2_store_is_refused_then_upgraded_with_its_lineage(v2_store: Path) -> None:
+    files = v2_series()
+    with pytest.raises(StoreError, match=r"format version 2 .*cowfs upgrade"):
+        Store.open(v2_store)
+    conn = sqlite3.connect(v2_store / CATALOG_FILE)
+    heads = conn.execute("SELECT l.tensor_key, l.piece, c.first_gen, l.cid FROM lineage l"
+                         " JOIN chunks c ON c.cid = l.cid").fetchall()
+    conn.close()
+    assert len(heads) == 2  # one piece per tensor, the newest (checkpoint-2's)
+    assert upgrade(v2_store) == (2, FORMAT_VERSION)
+    conn = sqlite3.connect(v2_store / CATALOG_FILE)
+    assert sorted(conn.execute("SELECT tensor_key, piece, gen, cid FROM lineage").fetchall()) == sorted(heads)
+    conn.close()
+    with Store.open(v2_store) as s:
+        for i in range(3):
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+        s.mkdir(1, b"checkpoint-3")
+        s.write_file("/checkpoint-3/model.safetensors", files[3])
+        report = s.compact()
+        assert report.recut == 1 and report.deltas == 2  # checkpoint-2's pieces lean on the new ones
+        s.gc()
+        for i in range(4):
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+    assert_clean(v2_store)
