@@ -14,6 +14,8 @@ from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.compact")
 CHECK_EVERY = 1.0  # seconds between looks at the writers (an idle daemon wakes this often)
+# the log line of a run (tools/bench reads the daemon's runs from it)
+COMPACTED_LOG = "compacted %d files (%d bytes): %d new pieces, %d deltas, %d regrouped, in %.2fs"
 
 
 def quiet_for(handles: HandleTable) -> float:
@@ -43,7 +45,7 @@ async def compact_when_idle(ops: CowfsOperations, idle: float) -> None:
         for error in report.errors:
             log.warning("compaction: %s", error)
         if report.recut or report.deltas or report.regrouped:
-            log.info("compacted %d files (%d bytes): %d new pieces, %d deltas, %d regrouped, in %.2fs", report.recut,
-                     report.logical_bytes, report.new_chunks, report.deltas, report.regrouped, report.seconds)
+            log.info(COMPACTED_LOG, report.recut, report.logical_bytes, report.new_chunks, report.deltas,
+                     report.regrouped, report.seconds)
         if not report.stopped:
             handles.compacted_seq = seq

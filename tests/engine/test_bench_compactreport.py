@@ -72,3 +72,14 @@ def test_every_issue14_target_is_judged() -> None:
     assert marks["issue 14: torch.save rewriting one path, bf16 (no bound)"] is None
     assert "restic 0.900, borg not installed" in md  # the peers, side by side
     assert md.count("**NOT MET**") == 3
+
+
+def test_the_daemons_compaction_log_line_is_what_the_bench_reads(tmp_path) -> None:
+    from cowfs.fs.idle_compaction import COMPACTED_LOG
+    from tools.bench.compaction import daemon_compactions
+
+    line = "2026-11-23 17:00:00,000 INFO cowfs.compact " + COMPACTED_LOG % (3, 12345, 40, 7, 2, 1.25)
+    (tmp_path / "cowfs.log").write_text(line + "\n2026-11-23 17:00:01,000 WARNING cowfs x: trouble\n")
+    got = daemon_compactions(tmp_path)
+    assert got["runs"] == [{"files": 3, "bytes": 12345, "pieces": 40, "deltas": 7, "regrouped": 2, "seconds": 1.25}]
+    assert len(got["problems"]) == 1

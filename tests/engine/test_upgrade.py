@@ -26,11 +26,17 @@ MODEL_V1 = bytes(range(256)) * 4096
 MODEL_V2 = bytes(range(256)) * 4000 + b"v2"
 
 
+def unpack(archive: Path, into: Path) -> Path:
+    """An old store from tests/data, unpacked; its directory."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    version = archive.name.removeprefix("store-").split(".")[0]  # store-v1.tar.gz holds v1store/
+    return into / f"{version}store"
+
+
 @pytest.fixture
 def v1_store(tmp_path: Path) -> Path:
-    with tarfile.open(V1) as tar:
-        tar.extractall(tmp_path, filter="data")
-    return tmp_path / "v1store"
+    return unpack(V1, tmp_path)
 
 
 def check_contents(path: Path) -> None:
@@ -114,9 +120,7 @@ def v2_series(n: int = 4) -> list[bytes]:
 
 @pytest.fixture
 def v2_store(tmp_path: Path) -> Path:
-    with tarfile.open(V2) as tar:
-        tar.extractall(tmp_path, filter="data")
-    return tmp_path / "v2store"
+    return unpack(V2, tmp_path)
 
 
 def test_version_2_store_is_refused_then_upgraded_with_its_lineage(v2_store: Path) -> None:

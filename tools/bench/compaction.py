@@ -47,7 +47,9 @@ SAVE_STEPS = 20
 IDLE = "1s"
 VERSION_READ_REPS = 2  # cold reads of every checkpoint of the compacted store, per run
 RUN = "run"  # Trainer's output_dir, under the mountpoint
-COMPACTED_LINE = re.compile(r"compacted (\d+) files \((\d+) bytes\): (\d+) new pieces, (\d+) deltas, in ([0-9.]+)s")
+# cowfs.fs.idle_compaction.COMPACTED_LOG, as the daemon writes it
+COMPACTED_LINE = re.compile(r"compacted (\d+) files \((\d+) bytes\): (\d+) new pieces, (\d+) deltas, (\d+) regrouped,"
+                            r" in ([0-9.]+)s")
 Log = Callable[[str], None]
 
 
@@ -109,7 +111,7 @@ def daemon_compactions(store: Path) -> dict[str, Any]:
     for line in text.splitlines():
         if (hit := COMPACTED_LINE.search(line)):
             runs.append({"files": int(hit[1]), "bytes": int(hit[2]), "pieces": int(hit[3]), "deltas": int(hit[4]),
-                         "seconds": float(hit[5])})
+                         "regrouped": int(hit[5]), "seconds": float(hit[6])})
         elif " WARNING " in line or " ERROR " in line:
             problems.append(line.split(" ", 3)[-1][:300])
     return {"runs": runs, "problems": problems}
