@@ -1,8 +1,11 @@
 """The catalog connection: one read-write SQLite connection owned by one writer thread.
 
 Writes run as `Catalog.write(fn)`: fn(txn) executes on the writer thread inside
-BEGIN IMMEDIATE ... COMMIT, so a multi-step change is one transaction. Reads
-from any thread use that thread's own read-only connection (WAL readers never
+BEGIN IMMEDIATE ... COMMIT, so a multi-step change is one transaction. Group commit:
+changes waiting together (up to GROUP_MAX) share one transaction and so one fsync of
+the WAL, each inside its own SAVEPOINT with its own generation; a change that fails is
+rolled back to its savepoint alone, and each caller returns once the COMMIT is durable.
+Reads from any thread use that thread's own read-only connection (WAL readers never
 wait for the writer).
 """
 from __future__ import annotations
@@ -20,6 +23,14 @@ from ..errors import CorruptCatalog, NoSpace, StoreError
 from .schema import LIVE, ROOT_INO, SCHEMA, SCHEMA_VERSION, KIND_DIR
 
 T = TypeVar("T")
+GROUP_MAX = 64  # changes committed in one transaction at most
+
+
+class _Change:
+    """A `Catalog.write` waiting for the writer thread."""
+
+    def __init__(self, fn: Callable[["Txn"], Any], op: str) -> None:
+        self.fn, self.op, self.future = fn, op, Future()  # type: Future[Any]
 
 
 def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
@@ -167,7 +178,7 @@ class Catalog:
             raise StoreError(f"{path.parent}: catalog {path.name} is missing")
         if not os.access(path, os.R_OK | os.W_OK):  # SQLite would open it read-only and fail at the first write
             raise StoreError(f"{path}: permission denied (the catalog must be readable and writable)")
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future] | _Change | None] = queue.SimpleQueue()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -216,18 +227,65 @@ class Catalog:
     # -- writer thread ------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            fn, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as e:  # delivered to the caller
-                fut.set_exception(e)
+        item = self._queue.get()
+        while item is not None:
+            nxt = None
+            if isinstance(item, _Change):
+                group = [item]
+                while len(group) < GROUP_MAX:  # the changes waiting now join this transaction
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        nxt = None
+                        break
+                    if not isinstance(nxt, _Change):
+                        break
+                    group.append(nxt)
+                    nxt = None
+                self._commit_group(group)
+            else:
+                fn, fut = item
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # delivered to the caller
+                        fut.set_exception(e)
+            item = nxt if nxt is not None else self._queue.get()
         self._conn.close()
+
+    def _commit_group(self, group: list[_Change]) -> None:
+        """Run the changes in one transaction, each in a savepoint (a failing one is undone
+        alone); their callers learn the outcome once COMMIT returned (durable), or all learn
+        the error if the transaction itself fails (then none of them happened)."""
+        live = [c for c in group if c.future.set_running_or_notify_cancel()]
+        outcomes: list[tuple[bool, Any]] = []
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for c in live:
+                conn.execute("SAVEPOINT change")
+                txn = Txn(conn, c.op)
+                try:
+                    result = c.fn(txn)
+                    txn.finish()
+                    conn.execute("RELEASE change")
+                    outcomes.append((True, result))
+                except BaseException as e:
+                    conn.execute("ROLLBACK TO change")
+                    conn.execute("RELEASE change")
+                    outcomes.append((False, e))
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for c in live:
+                c.future.set_exception(e)
+            return
+        for c, (ok, value) in zip(live, outcomes):
+            if ok:
+                c.future.set_result(value)
+            else:
+                c.future.set_exception(value)
 
     def _submit(self, fn: Callable[[], T]) -> T:
         if threading.current_thread() is self._thread:
@@ -254,7 +312,11 @@ class Catalog:
 
         for attempt in (1, 2):
             try:
-                return self._submit(run)
+                if threading.current_thread() is self._thread:
+                    return run()
+                change = _Change(fn, op)
+                self._queue.put(change)
+                return change.future.result()
             except sqlite3.DatabaseError as e:
                 if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
                     raise damaged(self.path, e) or e from None

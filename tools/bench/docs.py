@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 COMPACTION = "compaction"  # the section name of <!-- compaction:begin --> ... <!-- compaction:end -->
+DATAPATH = "datapath"  # <!-- datapath:begin --> ... <!-- datapath:end --> (issue 15)
 
 
 def update_docs(md: str, png: Path | None, command: str, when: float, section: str = "bench") -> None:

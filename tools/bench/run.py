@@ -6,7 +6,9 @@ Quick mode (default): a ~17M-parameter GPT-2-shaped model, 10 checkpoints per wo
 Parts (--only, comma-separated; default all): series (the workloads, each ending with
 `cowfs compact` + `cowfs gc`), snapshot (10,000 files), writeback (cache on vs off),
 compaction (issue 14: HF Trainer series written into the mount, compaction off vs idle,
-torch.save rewriting one path, restic and borg; tools/bench/compaction.py). `--only
+torch.save rewriting one path, restic and borg; tools/bench/compaction.py), datapath
+(issue 15: saves, raw writes, cold reads and small files against the plain disk, with the
+daemon's CPU per thread; tools/bench/datapath.py). `--only
 compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
 targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
@@ -30,15 +32,16 @@ from typing import Any
 
 import torch
 
-from . import compactreport, extras, report
+from . import compactreport, datapathreport, extras, report
 from .compaction import run_compaction
-from .docs import COMPACTION, DOCS, REPO, update_docs
+from .datapath import run_datapath
+from .docs import COMPACTION, DATAPATH, DOCS, REPO, update_docs
 from .models import GPT2_SMALL, QUICK, GPT, param_count
 from .series import run_series
 from .workloads import WORKLOADS, Scale
 
 
-PARTS = ("series", "snapshot", "writeback", "compaction")
+PARTS = ("series", "snapshot", "writeback", "compaction", "datapath")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--writeback-mib", type=int, default=None, help="MiB for the writeback on/off test (0: skip; default 256 quick, 1024 full)")
     p.add_argument("--compaction-reps", type=int, default=2, help="Trainer runs per dtype and arm in the compaction part (default 2)")
     p.add_argument("--read-reps", type=int, default=5, help="cold reads per run in the compaction part (default 5)")
+    p.add_argument("--datapath-mib", type=int, default=None, help="MiB per save, write and read in the datapath part "
+                   "(default 256 quick, 1024 full)")
+    p.add_argument("--datapath-reps", type=int, default=5, help="interleaved pairs per workload in the datapath part (default 5)")
+    p.add_argument("--small-files", type=int, default=2000, help="small files per run in the datapath part (default 2000)")
     p.add_argument("--update-docs", action="store_true",
                    help="put the tables into docs/benchmarks.md (the issue-6 section and docs/bench.png only after a run of "
                    "every part and workload; the compaction section after a run with the compaction part)")
@@ -143,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
                                                        checkpoints=args.checkpoints)
             finally:
                 shutil.rmtree(work / "compaction", ignore_errors=True)
+        if "datapath" in parts:
+            mib = args.datapath_mib if args.datapath_mib is not None else (1024 if args.full else 256)
+            log(f"data path (issue 15): {mib} MiB, {args.datapath_reps} pairs per workload")
+            try:
+                results["datapath"] = run_datapath(work / "datapath", mib << 20, args.small_files, args.datapath_reps, log)
+            finally:
+                shutil.rmtree(work / "datapath", ignore_errors=True)
         if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:
@@ -170,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"], results["targets"] = summaries, tgts
     md = report.markdown(results, summaries, tgts)
     c_md = compactreport.section(results)
+    d_md = datapathreport.section(results)
     stem = f"bench-{results['mode']}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}\n### Compaction (issue 14)\n\n{c_md}")
+    (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}\n### Compaction (issue 14)\n\n{c_md}"
+                                        f"\n### Data path (issue 15)\n\n{d_md}")
     png: Path | None = out_dir / f"{stem}.png"
     if not results["series"] or not report.plot(results, png):  # type: ignore[arg-type]
         if results["series"]:
@@ -182,12 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print("### Compaction (issue 14)\n")
     print(c_md)
+    print("### Data path (issue 15)\n")
+    print(d_md)
     log(f"took {results['seconds'] / 60:.1f} min; wrote {out_dir}/{stem}.json, .md" + (", .png" if png else ""))
     if args.update_docs:
         if set(parts) == set(PARTS) and names == list(WORKLOADS):
             update_docs(md, png, command, results["started"])
         if "compaction" in parts:
             update_docs(c_md, None, command, results["started"], section=COMPACTION)
+        if "datapath" in parts:
+            update_docs(d_md, None, command, results["started"], section=DATAPATH)
         log(f"updated {DOCS}")
     return 0
 

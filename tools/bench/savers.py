@@ -37,7 +37,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -104,7 +104,7 @@ def durable_safetensors(flat: dict[str, torch.Tensor], path: Path) -> SaveResult
     t0 = time.perf_counter()
     save_file(flat, str(path))
     t1 = time.perf_counter()
-    _fsync_path(path)
+    fsync_path(path)
     fsync_dir(path.parent)
     t2 = time.perf_counter()
     return SaveResult(t2 - t0, t2 - t1, path.stat().st_size)
@@ -146,7 +146,7 @@ def save_hf(run_dir: Path, wl: Workload, durable: bool, keep: int | None = 2, na
         write(ck / name)
         if durable:
             t = time.perf_counter()
-            _fsync_path(ck / name)
+            fsync_path(ck / name)
             durable_time += time.perf_counter() - t
     if durable:
         t = time.perf_counter()

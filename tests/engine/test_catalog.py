@@ -1,0 +1,130 @@
+"""The catalog's writer thread (store/catalog.py): changes waiting together share one
+transaction (group commit), each with its own generation; a failing change is undone alone."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cowfs.store.catalog import Catalog, Txn, create_catalog
+
+
+@pytest.fixture
+def catalog(tmp_path: Path):
+    path = tmp_path / "catalog.db"
+    create_catalog(path, str(uuid.uuid4()))
+    c = Catalog(path)
+    c.write(lambda txn: txn.execute("CREATE TABLE notes (gen INTEGER PRIMARY KEY, who TEXT)"), op="setup")
+    yield c
+    c.close()
+
+
+def note(who: str):  # type: ignore[no-untyped-def]
+    def fn(txn: Txn) -> int:
+        txn.execute("INSERT INTO notes VALUES (?, ?)", (txn.gen, who))
+        return txn.gen
+    return fn
+
+
+def test_concurrent_changes_each_get_a_generation(catalog: Catalog) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        gens = list(pool.map(lambda i: catalog.write(note(f"w{i}"), op="note"), range(400)))
+    assert len(set(gens)) == 400
+    rows = catalog.read(lambda conn: conn.execute("SELECT gen, who FROM notes").fetchall())
+    assert sorted(g for g, _ in rows) == sorted(gens)
+    first = min(gens)
+    assert sorted(gens) == list(range(first, first + 400))  # no generation skipped
+    logged = catalog.read(lambda conn: conn.execute("SELECT gen FROM generations WHERE op='note'").fetchall())
+    assert sorted(g for (g,) in logged) == sorted(gens)
+
+
+def test_a_failing_change_in_a_group_is_undone_alone(catalog: Catalog) -> None:
+    gate, held = threading.Event(), threading.Event()
+
+    def block(_conn: object) -> None:  # keeps the writer busy while the group queues up
+        held.set()
+        gate.wait(60)
+
+    def fails(txn: Txn) -> int:
+        txn.execute("INSERT INTO notes VALUES (?, ?)", (txn.gen, "bad"))
+        raise ValueError("this change fails")
+
+    with ThreadPoolExecutor(8) as pool:
+        blocker = pool.submit(catalog.on_writer, block)
+        assert held.wait(60)
+        futs = [pool.submit(catalog.write, note("a"), "note"), pool.submit(catalog.write, fails, "note"),
+                pool.submit(catalog.write, note("b"), "note")]
+        until = time.monotonic() + 60
+        while catalog._queue.qsize() < 3 and time.monotonic() < until:  # all three wait behind the blocker
+            time.sleep(0.01)
+        assert catalog._queue.qsize() == 3
+        gate.set()
+        blocker.result(60)
+        a = futs[0].result(60)
+        with pytest.raises(ValueError, match="fails"):
+            futs[1].result(60)
+        b = futs[2].result(60)
+    rows = dict(catalog.read(lambda conn: conn.execute("SELECT who, gen FROM notes").fetchall()))
+    assert rows == {"a": a, "b": b}  # "bad" was rolled back, and its generation given to "b"
+    assert b == a + 1
+
+
+CHILD = r"""
+import sys, threading
+from pathlib import Path
+from cowfs.store.catalog import Catalog
+c = Catalog(Path(sys.argv[1]))
+lock = threading.Lock()
+
+def writer(w):
+    for i in range(100000):
+        def fn(txn, w=w, i=i):
+            txn.execute("INSERT INTO notes VALUES (?, ?)", (txn.gen, f"{w}-{i}"))
+            return txn.gen
+        gen = c.write(fn, op="note")
+        with lock:
+            sys.stdout.write(f"{gen}\n")
+            sys.stdout.flush()
+
+for w in range(8):
+    threading.Thread(target=writer, args=(w,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def test_a_kill_during_group_commits_keeps_every_change_that_returned(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "catalog.db"
+    create_catalog(path, str(uuid.uuid4()))
+    c = Catalog(path)
+    c.write(lambda txn: txn.execute("CREATE TABLE notes (gen INTEGER PRIMARY KEY, who TEXT)"), op="setup")
+    c.close()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).parents[2])
+    returned: list[int] = []
+    assert child.stdout is not None
+    for line in child.stdout:  # until 300 changes have returned: the writers are in full flow
+        returned.append(int(line))
+        if len(returned) >= 300:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(60)
+    returned += [int(x) for x in child.stdout.read().split()]
+    c = Catalog(path)
+    try:
+        notes = dict(c.read(lambda conn: conn.execute("SELECT gen, who FROM notes").fetchall()))
+        gens = [g for (g,) in c.read(lambda conn: conn.execute("SELECT gen FROM generations WHERE op='note'").fetchall())]
+        top = c.read(lambda conn: conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+    finally:
+        c.close()
+    assert set(returned) <= set(notes)  # every change whose caller returned is there
+    assert sorted(notes) == sorted(gens)  # each with its generation row, nothing half done
+    assert int(top) == max(gens) and sorted(gens) == list(range(min(gens), max(gens) + 1))
