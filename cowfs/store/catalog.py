@@ -227,30 +227,30 @@ class Catalog:
     # -- writer thread ------------------------------------------------------
 
     def _run(self) -> None:
-        item = self._queue.get()
-        while item is not None:
-            nxt = None
+        pending: list[Any] = []  # an item taken while gathering a group, to be run next
+        while True:
+            item = pending.pop() if pending else self._queue.get()
+            if item is None:  # close()
+                break
             if isinstance(item, _Change):
                 group = [item]
                 while len(group) < GROUP_MAX:  # the changes waiting now join this transaction
                     try:
                         nxt = self._queue.get_nowait()
                     except queue.Empty:
-                        nxt = None
                         break
                     if not isinstance(nxt, _Change):
+                        pending.append(nxt)  # (None included: close after this group)
                         break
                     group.append(nxt)
-                    nxt = None
                 self._commit_group(group)
-            else:
-                fn, fut = item
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn())
-                    except BaseException as e:  # delivered to the caller
-                        fut.set_exception(e)
-            item = nxt if nxt is not None else self._queue.get()
+                continue
+            fn, fut = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # delivered to the caller
+                    fut.set_exception(e)
         self._conn.close()
 
     def _commit_group(self, group: list[_Change]) -> None:

@@ -216,7 +216,7 @@ class Body:
             base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
             jobs[h] = _NewJob(h, view, s.elem_size, s.key is not None, s.key is not None and newer is None, base, raw)
-        self._append_new(list(jobs.values()), known, by_chunk)
+        self._append_new(list(jobs.values()))
         for (s, view), h in zip(cut, ids):
             self.extents.append(Extent(s.offset, s.length, h, known.get(h)))  # new chunks: self.written
         for s, _view, h in pieces:
@@ -237,7 +237,7 @@ class Body:
                        older[0] if older else 0, lineage.height(conn, older[1]) if older else 0,
                        _known(conn, int(me[0])) if me else None)
 
-    def _append_new(self, jobs: list[_NewJob], known: dict[bytes, Location], by_chunk: dict[bytes, _Around]) -> None:
+    def _append_new(self, jobs: list[_NewJob]) -> None:
         """Step 2: the chunks not stored yet, encoded here and appended in the writer."""
         if not jobs:
             return

@@ -128,3 +128,33 @@ def test_a_kill_during_group_commits_keeps_every_change_that_returned(tmp_path: 
     assert set(returned) <= set(notes)  # every change whose caller returned is there
     assert sorted(notes) == sorted(gens)  # each with its generation row, nothing half done
     assert int(top) == max(gens) and sorted(gens) == list(range(min(gens), max(gens) + 1))
+
+
+def test_close_right_behind_a_group_ends_the_writer(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    create_catalog(path, str(uuid.uuid4()))
+    c = Catalog(path)
+    c.write(lambda txn: txn.execute("CREATE TABLE notes (gen INTEGER PRIMARY KEY, who TEXT)"), op="setup")
+    gate, held = threading.Event(), threading.Event()
+
+    def block(_conn: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    with ThreadPoolExecutor(4) as pool:
+        blocker = pool.submit(c.on_writer, block)
+        assert held.wait(60)
+        writes = [pool.submit(c.write, note(w), "note") for w in ("a", "b")]
+        until = time.monotonic() + 60
+        while c._queue.qsize() < 2 and time.monotonic() < until:
+            time.sleep(0.01)
+        closer = threading.Thread(target=c.close)  # its stop mark queues right behind the group
+        closer.start()
+        until = time.monotonic() + 60
+        while c._queue.qsize() < 3 and time.monotonic() < until:
+            time.sleep(0.01)
+        gate.set()
+        blocker.result(60)
+        assert [w.result(60) for w in writes]
+        closer.join(60)
+        assert not closer.is_alive()  # the writer saw the stop mark taken while gathering the group
