@@ -84,7 +84,11 @@ def compact(store: "Store", progress: Progress | None = None, stop: Callable[[],
     todo = store.catalog.read(pending)
     total = sum(size for _, size, _ in todo)
     done = 0
-    found = _tensors(store, todo)
+    found = _tensors(store, todo, stop)
+    if found is None:  # stopped while finding the tensors: nothing was changed
+        report.stopped = True
+        report.seconds = time.monotonic() - t0
+        return report
     waiting = _waiting(todo, found)
     recent = RecentPieces()
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2, thread_name_prefix="cowfs-compact") as pool, \
@@ -115,11 +119,15 @@ def compact(store: "Store", progress: Progress | None = None, stop: Callable[[],
     return report
 
 
-def _tensors(store: "Store", todo: list[tuple[int, int, int]]) -> dict[int, list[TensorRegion]]:
+def _tensors(store: "Store", todo: list[tuple[int, int, int]],
+             stop: Callable[[], bool] | None) -> dict[int, list[TensorRegion]] | None:
     """The tensors of each pending body (a body that cannot be read has none here; its own
-    step finds and reports the damage). Only headers and directories are read."""
+    step finds and reports the damage). Only headers and directories are read. None if
+    `stop()` said so before the end (the run must not go on with part of them)."""
     out: dict[int, list[TensorRegion]] = {}
     for content_id, _size, _gen in todo:
+        if stop is not None and stop():
+            return None
         with store.index.gc_lock:
             loaded = store.catalog.read(lambda conn: extents_and_name(conn, content_id))
             if loaded is None:

@@ -301,6 +301,21 @@ def test_stop_leaves_the_body_as_it_was(store):
     assert store.compact().recut == 4
 
 
+def test_a_stop_while_the_tensors_are_found_ends_the_run_unchanged(store):
+    files = series(store, 2)  # 6 pending bodies: the tensors of all are found before any is done
+    asked = []
+
+    def stop() -> bool:  # a writer opens a file while the second body's tensors are read, then closes it
+        asked.append(1)
+        return len(asked) == 2
+
+    report = store.compact(stop=stop)
+    assert report.stopped and report.bodies == 0 and report.recut == 0
+    assert store.stats()["uncompacted_bodies"] == 6
+    assert_reads(store, files)
+    assert store.compact().recut == 4
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_workers_give_the_same_store(tmp_path, workers):
     path = tmp_path / f"s{workers}"
