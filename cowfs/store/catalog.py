@@ -78,6 +78,21 @@ class Txn:
             )
 
 
+def _one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str) -> T:
+    """fn(txn) in BEGIN IMMEDIATE ... COMMIT; rolled back if it raises."""
+    txn = Txn(conn, op)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(txn)
+        txn.finish()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
 def create_catalog(path: Path, store_uuid: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -258,8 +273,14 @@ class Catalog:
         alone); their callers learn the outcome once COMMIT returned (durable), or all learn
         the error if the transaction itself fails (then none of them happened)."""
         live = [c for c in group if c.future.set_running_or_notify_cancel()]
-        outcomes: list[tuple[bool, Any]] = []
         conn = self._conn
+        if len(live) == 1:  # alone: a plain transaction, no savepoint to pay for
+            try:
+                live[0].future.set_result(_one_transaction(conn, live[0].fn, live[0].op))
+            except BaseException as e:
+                live[0].future.set_exception(e)
+            return
+        outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
             for c in live:
@@ -297,23 +318,10 @@ class Catalog:
     def write(self, fn: Callable[[Txn], T], op: str) -> T:
         """Run fn(txn) as one transaction on the writer thread; bump the generation if it changed anything."""
 
-        def run() -> T:
-            txn = Txn(self._conn, op)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(txn)
-                txn.finish()
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-            return result
-
         for attempt in (1, 2):
             try:
                 if threading.current_thread() is self._thread:
-                    return run()
+                    return _one_transaction(self._conn, fn, op)
                 change = _Change(fn, op)
                 self._queue.put(change)
                 return change.future.result()

@@ -42,6 +42,34 @@ def test_concurrent_changes_each_get_a_generation(catalog: Catalog) -> None:
     assert sorted(g for (g,) in logged) == sorted(gens)
 
 
+def test_changes_waiting_together_commit_once(catalog: Catalog) -> None:
+    """Three changes queued behind a busy writer share one COMMIT (one WAL fsync): the
+    writer connection's statements, traced, hold one COMMIT for the three."""
+    gate, held = threading.Event(), threading.Event()
+    statements: list[str] = []
+
+    def block(_conn: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    catalog.on_writer(lambda conn: conn.set_trace_callback(statements.append))
+    with ThreadPoolExecutor(4) as pool:
+        blocker = pool.submit(catalog.on_writer, block)
+        assert held.wait(60)
+        futs = [pool.submit(catalog.write, note(w), "note") for w in ("a", "b", "c")]
+        until = time.monotonic() + 60
+        while catalog._queue.qsize() < 3 and time.monotonic() < until:
+            time.sleep(0.01)
+        assert catalog._queue.qsize() == 3
+        gate.set()
+        blocker.result(60)
+        gens = sorted(f.result(60) for f in futs)
+    catalog.on_writer(lambda conn: conn.set_trace_callback(None))
+    assert gens == [gens[0], gens[0] + 1, gens[0] + 2]
+    assert sum(s.strip().upper() == "COMMIT" for s in statements) == 1
+    assert sum(s.startswith("INSERT INTO notes") for s in statements) == 3
+
+
 def test_a_failing_change_in_a_group_is_undone_alone(catalog: Catalog) -> None:
     gate, held = threading.Event(), threading.Event()
 
