@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config zlib1g-dev
 # Pinned CPU wheel; installed on its own first so nothing resolves a CUDA torch.
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <linux/falloc.h>
+#include <zlib.h>
 
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03
@@ -328,7 +329,75 @@ static PyObject *add_unzigzag(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- read-time check of raw records (cowfs/store/reader.py) ----
+ *
+ * A window's raw payloads are checked against the CRC32 (zlib's, the one in each record
+ * header) in one call with the GIL released, so the thread that loads a window needs the
+ * GIL once for all of its chunks instead of once per chunk. */
+
+PyDoc_STRVAR(crc32_mismatch_doc,
+"crc32_mismatch(buf, table) -> int\n\n"
+"table packs (u64 offset, u64 length, u32 crc32, u32 0) per span of buf, native\n"
+"byte order. Returns the index of the first span whose zlib CRC32 is not its crc32,\n"
+"or -1 when every span matches. Runs with the GIL released.");
+
+typedef struct {
+    uint64_t offset;
+    uint64_t length;
+    uint32_t crc;
+    uint32_t zero;
+} crc_span;
+
+static PyObject *crc32_mismatch(PyObject *self, PyObject *args)
+{
+    Py_buffer data, table;
+    Py_ssize_t bad = -1, n;
+    int invalid = 0;
+
+    if (!PyArg_ParseTuple(args, "y*y*:crc32_mismatch", &data, &table))
+        return NULL;
+    if (table.len % sizeof(crc_span) != 0) {
+        PyErr_SetString(PyExc_ValueError, "crc32_mismatch: the table is not a whole number of 24-byte spans");
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    n = table.len / (Py_ssize_t)sizeof(crc_span);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        crc_span s;
+        memcpy(&s, (const char *)table.buf + i * sizeof(crc_span), sizeof s);
+        if (s.offset > (uint64_t)data.len || s.length > (uint64_t)data.len - s.offset) {
+            invalid = 1;
+            bad = i;
+            break;
+        }
+        const unsigned char *p = (const unsigned char *)data.buf + s.offset;
+        uint64_t left = s.length;
+        uLong crc = crc32(0L, Z_NULL, 0);
+        while (left > 0) {  /* crc32() takes a uInt length */
+            uInt step = left > (1u << 30) ? (1u << 30) : (uInt)left;
+            crc = crc32(crc, p, step);
+            p += step;
+            left -= step;
+        }
+        if ((uint32_t)crc != s.crc) {
+            bad = i;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&table);
+    if (invalid) {
+        PyErr_Format(PyExc_ValueError, "crc32_mismatch: span %zd lies outside the buffer", bad);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(bad);
+}
+
 static PyMethodDef native_methods[] = {
+    {"crc32_mismatch", crc32_mismatch, METH_VARARGS, crc32_mismatch_doc},
     {"add_unzigzag", add_unzigzag, METH_VARARGS, add_unzigzag_doc},
     {"sub_zigzag", sub_zigzag, METH_VARARGS, sub_zigzag_doc},
     {"bytearray_exported", bytearray_exported, METH_O, bytearray_exported_doc},
@@ -346,7 +415,8 @@ PyDoc_STRVAR(module_doc,
 "(persist, cpu_flush_instruction), MAP_SYNC detection for DAX files\n"
 "(map_sync_supported), hole punching (punch_hole), and for the read path a\n"
 "check that no view still refers to a bytearray (bytearray_exported), and the\n"
-"element-wise deltas of the checkpoint codecs (sub_zigzag, add_unzigzag).\n"
+"element-wise deltas of the checkpoint codecs (sub_zigzag, add_unzigzag), and the\n"
+"read-time CRC32 check of a window's payloads (crc32_mismatch).\n"
 "Linux only.");
 
 static struct PyModuleDef native_module = {

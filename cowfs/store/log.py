@@ -212,12 +212,13 @@ class Log:
         except CorruptData:
             pass  # a missing segment: the read itself will say so
 
-    def read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool = True) -> None:
+    def read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool = True) -> list[int]:
         """Read records lying back to back from `offset` of one segment, each chunk's payload
         straight into its `dest` (one preadv: headers and padding go to scratch buffers), and
         check them: a bad header, a record that is not the expected chunk or missing bytes
         raise CorruptData. With `verify`, each payload's BLAKE3 is checked too (`check_chunk`);
-        a caller that passes False must check each payload before using it."""
+        a caller that passes False must check each payload before using it (against its
+        BLAKE3, or against the payload CRC32 of its header: the returned list, in order)."""
         seg = self.segment(seg_id)
         heads = memoryview(bytearray(HEADER_SIZE * len(items)))
         pad = memoryview(bytearray(RECORD_ALIGN))
@@ -230,6 +231,7 @@ class Log:
                 buffers.append(pad[:gap])
         got = seg.read_into(offset, buffers)
         pos = offset
+        crcs: list[int] = []
         for k, (cid, dest) in enumerate(items):
             where = f"chunk {cid.hex()[:16]} at segment {seg_id} offset {pos}"
             if got < pos - offset + HEADER_SIZE + len(dest):
@@ -242,7 +244,9 @@ class Log:
                 raise CorruptData(f"{where}: record does not hold the expected chunk")
             if verify:
                 check_chunk(cid, dest)
+            crcs.append(head.payload_crc)
             pos += record_span(len(dest))
+        return crcs
 
     # -- durability -------------------------------------------------------
 

@@ -2,10 +2,13 @@
 
 A read is served from windows. Window k holds the whole chunks covering file bytes
 [k * WINDOW, (k + 1) * WINDOW): one `read_run` (a preadv) per run of records that lie back to
-back in a segment, their headers checked as they arrive. A chunk's payload is verified against
-its BLAKE3 id when a read first serves it, in the thread that serves it: the window's loader
-then needs the GIL once per window instead of once per chunk (blake3 releases the GIL for every
-call, and getting it back waits for the FUSE thread), and only reads of a damaged chunk fail.
+back in a segment, their headers checked as they arrive, and every payload verified by the
+thread that loads the window, before any read is served from it: a raw payload against the
+CRC32 its record header carries (`_native.crc32_mismatch`, one call per run with the GIL
+released, so the loader needs the GIL once per run rather than once per chunk, and the
+FUSE thread only slices replies), an encoded one by the BLAKE3 of its decoded bytes (its
+chunk id). A window with a damaged chunk fails to load; a read then loads just its own
+range, so only reads of the damaged chunk fail.
 
 While window k is read, windows k + 1 .. k + AHEAD are loaded by `prefetch` (a thread pool's
 submit), and each load tells the device (`advise`) to start reading the window AHEAD after it.
@@ -16,20 +19,22 @@ chunks. A reader keeps the window before the one being read and AHEAD after it: 
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
+import struct
 import threading
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
+from .. import _native
 from ..errors import CorruptData
 from .buffers import BufferPool
 from .content import Extent, VersionId, find_extent
 from .log import Location
 from .records import MAX_PAYLOAD
 
-# read_run(segment, offset, [(chunk id, destination)], verify): records back to back from offset
-ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], None]
+# read_run(segment, offset, [(chunk id, destination)], verify) -> the payload CRC32s of the
+# records back to back from offset
+ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], list[int]]
 CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BLAKE3(data) == id
 # decode(chunk id, location, payload, dest): an encoded record's raw bytes into dest, not yet verified
 Decode = Callable[[bytes, Location, memoryview, memoryview], None]
@@ -45,17 +50,14 @@ WINDOW_BUFFER = WINDOW + (1 << 20)  # a pooled window buffer: a window plus the 
 
 
 class Window:
-    """Bytes of a version from file offset `base`, and which of its chunks are verified.
+    """Verified bytes of a version from file offset `base`.
 
     `users` (guarded by the reader's lock) counts reads serving from it; a window dropped by
     its reader goes back to the pool when the last of them is done."""
 
-    def __init__(self, base: int, data: memoryview, chunks: list[tuple[int, int, bytes]]) -> None:
+    def __init__(self, base: int, data: memoryview) -> None:
         self.base = base
         self.data = data
-        self._starts = [s for s, _e, _c in chunks]  # file offsets of the chunks, ascending
-        self._chunks = chunks  # (start, end, chunk id)
-        self._verified = bytearray(len(chunks))
         self.users = 0
         self.dropped = False
         self.recycled = False
@@ -75,15 +77,8 @@ class Window:
     def end(self) -> int:
         return self.base + len(self.data)
 
-    def serve(self, offset: int, end: int, check: CheckChunk) -> memoryview:
-        """Bytes [offset, end), which it must hold; their chunks verified first (once each)."""
-        i = max(bisect.bisect_right(self._starts, offset) - 1, 0)
-        while i < len(self._chunks) and self._chunks[i][0] < end:
-            if not self._verified[i]:
-                start, stop, cid = self._chunks[i]
-                check(cid, self.data[start - self.base:stop - self.base])
-                self._verified[i] = 1
-            i += 1
+    def serve(self, offset: int, end: int) -> memoryview:
+        """Bytes [offset, end), which it must hold."""
         return self.data[offset - self.base:end - self.base]
 
 
@@ -238,7 +233,8 @@ class FileReader:
         def take(n: int) -> bytearray:
             return pool.take() if pool is not None and n <= pool.size else bytearray(n)
 
-        return read_window(self.extents, self._starts, self.size, self._read_run, lo, hi, take, self._decode)
+        return read_window(self.extents, self._starts, self.size, self._read_run, self._check, lo, hi, take,
+                           self._decode)
 
     def _drop(self, f: Future[Window]) -> None:
         """(lock held) A loaded window leaves the reader: recycled now, or by its last user."""
@@ -267,13 +263,13 @@ class FileReader:
         """Bytes [offset, end) from windows that together hold them, in order (neighbours share
         the chunk that straddles their border: it is taken once)."""
         if len(windows) == 1:
-            return windows[0].serve(offset, end, self._check)
+            return windows[0].serve(offset, end)
         parts = []
         pos = offset
         for w in windows:
             top = min(end, w.end)
             if pos < top:
-                parts.append(w.serve(pos, top, self._check))
+                parts.append(w.serve(pos, top))
                 pos = top
         return b"".join(parts)
 
@@ -361,12 +357,15 @@ def record_runs(extents: list[Extent]) -> Iterator[tuple[int, int, int, list[Ext
         yield seg, at, nxt - at, run
 
 
-def read_window(extents: list[Extent], starts: list[int], size: int, read_run: ReadRun, lo: int, hi: int,
-                take: Callable[[int], bytearray] = bytearray, decode: Decode | None = None) -> Window:
+_CRC_SPAN = struct.Struct("=QQII")  # one span of _native.crc32_mismatch's table
+
+
+def read_window(extents: list[Extent], starts: list[int], size: int, read_run: ReadRun, check: CheckChunk,
+                lo: int, hi: int, take: Callable[[int], bytearray] = bytearray, decode: Decode | None = None) -> Window:
     """The whole chunks covering [lo, hi) read into one buffer (from `take(n)`, which may hold
-    old bytes), headers checked, payloads not yet verified (Window.serve does that); holes and
+    old bytes), headers checked and payloads verified (see the module docstring); holes and
     bytes no extent covers are zeros. An encoded record is read into a buffer of its own and
-    decoded straight into its place in the window (`decode`)."""
+    decoded straight into its place in the window (`decode`), then checked by `check`."""
     exts, base, top = covering(extents, starts, size, lo, hi)
     buf = memoryview(take(top - base))[:top - base]
     pos = base
@@ -381,11 +380,20 @@ def read_window(extents: list[Extent], starts: list[int], size: int, read_run: R
     for seg, at, _n, run in record_runs(exts):
         payloads = [memoryview(bytearray(e.loc.stored_len)) if e.loc.encoded else buf[e.offset - base:e.end - base]  # type: ignore[union-attr]
                     for e in run]
-        read_run(seg, at, [(e.chunk, p) for e, p in zip(run, payloads)], False)  # type: ignore[misc]
+        crcs = read_run(seg, at, [(e.chunk, p) for e, p in zip(run, payloads)], False)  # type: ignore[misc]
+        table = b"".join(_CRC_SPAN.pack(e.offset - base, e.length, crc, 0)
+                         for e, crc in zip(run, crcs) if not e.loc.encoded)  # type: ignore[union-attr]
+        if table:
+            bad = _native.crc32_mismatch(buf, table)
+            if bad >= 0:
+                e = [e for e in run if not e.loc.encoded][bad]  # type: ignore[union-attr]
+                raise CorruptData(f"chunk {e.chunk.hex()[:16]}: payload checksum mismatch "  # type: ignore[union-attr]
+                                  f"(segment {seg}, offset {e.loc.offset})")  # type: ignore[union-attr]
         for e, p in zip(run, payloads):
             if e.loc.encoded:  # type: ignore[union-attr]
                 if decode is None:
                     raise CorruptData(f"chunk {e.chunk.hex()[:16]}: encoded, and this reader cannot decode")  # type: ignore[union-attr]
-                decode(e.chunk, e.loc, p, buf[e.offset - base:e.end - base])  # type: ignore[arg-type]
-    chunks = [(e.offset, e.end, e.chunk) for e in exts if e.chunk is not None]
-    return Window(base, buf, chunks)
+                dest = buf[e.offset - base:e.end - base]
+                decode(e.chunk, e.loc, p, dest)  # type: ignore[arg-type]
+                check(e.chunk, dest)  # type: ignore[arg-type]
+    return Window(base, buf)

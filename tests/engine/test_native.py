@@ -4,6 +4,8 @@ import errno
 import mmap
 import os
 import platform
+import struct
+import zlib
 
 import pytest
 
@@ -188,3 +190,29 @@ def test_delta_helpers_refuse_bad_sizes():
         _native.add_unzigzag(bytearray(6), bytes(6), 4)
     with pytest.raises(TypeError):
         _native.add_unzigzag(bytes(8), bytes(8), 2)  # the destination must be writable
+
+
+def _crc_table(spans: list[tuple[int, int, int]]) -> bytes:
+    return b"".join(struct.pack("=QQII", off, n, crc, 0) for off, n, crc in spans)
+
+
+def test_crc32_mismatch_matches_zlib_and_names_the_first_bad_span():
+    buf = bytearray(os.urandom(300_000))
+    spans = [(0, 65536), (65536, 100_000), (165_536, 1), (165_537, 0), (200_000, 100_000)]
+    table = _crc_table([(o, n, zlib.crc32(buf[o:o + n])) for o, n in spans])
+    assert _native.crc32_mismatch(buf, table) == -1
+    assert _native.crc32_mismatch(bytes(buf), table) == -1  # any buffer
+    assert _native.crc32_mismatch(buf, b"") == -1
+    buf[70_000] ^= 0x10  # inside the second span
+    assert _native.crc32_mismatch(buf, table) == 1
+    buf[70_000] ^= 0x10
+    buf[299_999] ^= 1  # the last byte of the last span
+    assert _native.crc32_mismatch(buf, table) == 4
+
+
+def test_crc32_mismatch_refuses_bad_tables():
+    buf = bytes(1000)
+    with pytest.raises(ValueError, match="outside the buffer"):
+        _native.crc32_mismatch(buf, _crc_table([(0, 10, zlib.crc32(bytes(10))), (990, 11, 0)]))
+    with pytest.raises(ValueError, match="24-byte spans"):
+        _native.crc32_mismatch(buf, bytes(25))
