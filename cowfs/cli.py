@@ -283,7 +283,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
                  auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
-                 compact_idle=args.compact_idle)
+                 compact_idle=args.compact_idle, workers=args.workers)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -335,9 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compact committed files (see `cowfs compact`) once no file has been open for writing for "
                    "DURATION (default 30s, at least 1s); 'off' leaves it to `cowfs compact`")
     s.add_argument("--debug", action="store_true", help="log every commit")
-    s.add_argument("--writeback-cache", action="store_true",
-                   help="let the kernel cache writes and send them back in its own order (off by default: "
-                   "in-order writes are chunked while they arrive; see docs/benchmarks.md)")
+    s.add_argument("--writeback-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="let the kernel cache writes and send them back in large pieces, in its own order "
+                   "(default: WRITEBACK; see docs/benchmarks.md)")
+    s.add_argument("--workers", type=int, metavar="N",
+                   help="threads for per-byte work (chunking, hashing, appending, reading ahead), per pool "
+                   "(default: one per CPU)")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

@@ -38,6 +38,7 @@ log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
 DEFAULT_COMPACT_IDLE = "30s"  # compact once no file has been open for writing this long
 READ_AHEAD_KIB = 4096  # the kernel's FUSE default is 128 KiB; measured in docs/benchmarks.md
+MAX_WORKERS = 1024  # cowfs mount --workers at most
 
 
 class MountError(CowfsError):
@@ -169,13 +170,16 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
 
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
-               writeback_cache: bool = False, compact_idle: float | None = None) -> int:
-    """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd."""
-    store = Store.open(store_path)
+               writeback_cache: bool | None = None, compact_idle: float | None = None,
+               workers: int | None = None) -> int:
+    """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
+    `writeback_cache` None: CowfsOperations' default."""
+    store = Store.open(store_path, workers=workers)
     try:
         _setup_logging(store.root, foreground, debug)
         ops = CowfsOperations(store)
-        ops.enable_writeback_cache = writeback_cache
+        if writeback_cache is not None:
+            ops.enable_writeback_cache = writeback_cache
         options = set(pyfuse3.default_options)
         # libfuse splits options at commas: a comma in the path is escaped with a backslash
         options |= {f"fsname={FSNAME_PREFIX}{store.root}".replace("\\", "\\\\").replace(",", "\\,"), "subtype=cowfs"}
@@ -195,8 +199,8 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
 
 
 def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
-          auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool = False,
-          compact_idle: str = DEFAULT_COMPACT_IDLE) -> int:
+          auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool | None = None,
+          compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
     interval = parse_duration(auto_snapshot) if auto_snapshot else None
@@ -205,10 +209,12 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     idle = None if compact_idle == "off" else parse_duration(compact_idle)
     if idle is not None and idle < 1:
         raise MountError("the compaction idle time must be at least 1s (or off)")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise MountError(f"--workers must be between 1 and {MAX_WORKERS}")
     check_mount_inputs(store_path, mnt)
     if foreground:
         return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
-                          writeback_cache=writeback_cache, compact_idle=idle)
+                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -220,7 +226,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         code = 0
         try:
             run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
-                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle)
+                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle, workers=workers)
         except BaseException as e:  # tell the parent, in one line
             code = 2
             try:

@@ -3,7 +3,10 @@
 Layers, topmost first, that make up the session's view of the file:
   overlay   writes that were not sequential appends (spill file, see overlay.py)
   stream    sequential appends from offset 0: chunked and appended to the log in
-            the background, batch by batch, while the caller keeps writing
+            the background, batch by batch, while the caller keeps writing; writes a
+            little ahead of the stream's end (the kernel's writeback sends pages
+            slightly out of order) wait in a bounded reorder window until the gap
+            before them is written, then join the stream
   base      the committed version the session started from, up to `base_end`
   zeros     everything else below `size`
 Commit turns the view into whole chunks: intact chunks are referenced again,
@@ -11,6 +14,7 @@ and only the bytes around changes are re-chunked (see `_materialize`).
 """
 from __future__ import annotations
 
+import bisect
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from .store import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
+REORDER = 32 << 20  # bytes of writes ahead of the stream's end a session holds at most
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,10 @@ class WriteSession:
         # bytes written after the chunker's carry, as received (joined once, by the worker)
         self.pending: list[bytes] = []
         self.pending_len = 0
+        # the reorder window: writes beyond stream_pos, by offset (sorted starts in _ahead_starts)
+        self.ahead: dict[int, bytes] = {}
+        self._ahead_starts: list[int] = []
+        self.ahead_len = 0
         self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
@@ -174,15 +183,59 @@ class WriteSession:
         self._job = (self._executor.submit(self._run_batch, data, False), data)
 
     def _freeze(self) -> None:
-        """Leave the fast path: unchunked stream bytes move to the overlay."""
+        """Leave the fast path: unchunked stream bytes and the reorder window move to the overlay."""
         self._wait()
         start = self.chunker.offset
         rest = b"".join([self.chunker.carry, *self.pending])
-        self.overlay.write(start, rest)  # first: if the spill file is full, nothing has changed
+        # first: if the spill file is full, nothing has changed (the held writes lie above `rest`,
+        # and writing one again over itself is harmless)
+        self.overlay.write(start, rest)
+        for off in self._ahead_starts:
+            self.overlay.write(off, self.ahead[off])
         self.pending, self.pending_len = [], 0
+        self._drop_ahead()
         self.chunker.reset(start)
         self.streaming = False
         self.stream_end = start
+
+    def _drop_ahead(self) -> None:
+        self.ahead, self._ahead_starts, self.ahead_len = {}, [], 0
+
+    def _settle(self) -> None:
+        """(lock held) Before the layered view is read or cut: writes still waiting in the
+        reorder window (a gap never written) make the session leave the fast path."""
+        if self.ahead:
+            self._freeze()
+
+    def _append(self, data: bytes) -> None:
+        """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
+        worker once BATCH bytes wait."""
+        n = len(data)
+        if self.pending_len + n >= BATCH:
+            self._wait()  # a failed batch raises here, before this write changes anything
+        self.pending.append(data)
+        self.pending_len += n
+        self.stream_pos += n
+        if self.pending_len >= BATCH:
+            self._submit_batch()
+
+    def _hold(self, offset: int, data: bytes) -> bool:
+        """(lock held, streaming) Keep a write beyond stream_pos in the reorder window; False
+        if it does not fit (the window is full, or it overlaps a write held already)."""
+        n = len(data)
+        if self.ahead_len + n > REORDER:
+            return False
+        i = bisect.bisect_left(self._ahead_starts, offset)
+        if i > 0:
+            prev = self._ahead_starts[i - 1]
+            if prev + len(self.ahead[prev]) > offset:
+                return False
+        if i < len(self._ahead_starts) and self._ahead_starts[i] < offset + n:
+            return False
+        self._ahead_starts.insert(i, offset)
+        self.ahead[offset] = data
+        self.ahead_len += n
+        return True
 
     # -- the caller's operations ------------------------------------------------
 
@@ -195,13 +248,14 @@ class WriteSession:
         with self._lock:
             self.dirty = True
             if self.streaming and offset == self.stream_pos and not self.overlay:
-                if self.pending_len + n >= BATCH:
-                    self._wait()  # a failed batch raises here, before this write changes anything
-                self.pending.append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
-                self.pending_len += n
-                self.stream_pos += n
-                if self.pending_len >= BATCH:
-                    self._submit_batch()
+                self._append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
+                while self.ahead and self._ahead_starts[0] == self.stream_pos:  # the gap is filled
+                    held = self.ahead[self.stream_pos]
+                    self._append(held)  # (if a failed batch raises here, the held write stays held)
+                    del self.ahead[self._ahead_starts.pop(0)]
+                    self.ahead_len -= len(held)
+            elif self.streaming and offset > self.stream_pos and not self.overlay and self._hold(offset, bytes(data)):
+                pass
             else:
                 if self.streaming:
                     self._freeze()
@@ -215,6 +269,7 @@ class WriteSession:
         with self._lock:
             self.dirty = True
             if size < self.size:
+                self._settle()
                 if self.streaming and size < self.stream_pos:
                     self._freeze()
                 if not self.streaming:
@@ -228,6 +283,7 @@ class WriteSession:
             end = min(offset + length, self.size)
             if offset >= end:
                 return b""
+            self._settle()
             if self.streaming:
                 self._wait()
             return b"".join(self._piece_bytes(p) for p in self._pieces(offset, end))
@@ -299,6 +355,7 @@ class WriteSession:
     def _materialize(self) -> list[Extent]:
         """The final chunk list. Intact chunks are referenced as they are; changed
         regions are re-chunked until the chunker lands on an intact chunk again."""
+        self._settle()
         self._wait()
         if self.streaming and not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
             self._run_batch(self.pending, final=True)

@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 
 class Store:
-    def __init__(self, root: Path, config: StoreConfig, lock_fd: int) -> None:
+    def __init__(self, root: Path, config: StoreConfig, lock_fd: int, workers: int | None = None) -> None:
         self.root = root
         self.config = config
         self._lock_fd = lock_fd
@@ -74,9 +74,11 @@ class Store:
         self.log = Log(root, config, self._new_segment_id)
         self.log.locate = self._locate_chunk
         self.index = ChunkIndex(self.catalog)
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-chunk")
+        # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
+        self.workers = workers or os.cpu_count() or 2
+        self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-chunk")
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
-        self.readahead = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cowfs-readahead")
+        self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
         self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
         self._sessions: dict[int, WriteSession] = {}
         self.holds = Holds()  # what open readers and sessions use (holds.py)
@@ -113,7 +115,9 @@ class Store:
         return cfg
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "Store":
+    def open(cls, path: str | os.PathLike, workers: int | None = None) -> "Store":
+        """Open (and lock) a store; `workers`: threads per pool for per-byte work (default:
+        one per CPU)."""
         root = Path(path).absolute()
         config = read_config(root)
         fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -126,7 +130,7 @@ class Store:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
-            return cls(root, config, fd)
+            return cls(root, config, fd, workers)
         except BaseException:
             os.ftruncate(fd, 0)  # no process holds the store: leave no pid behind
             os.close(fd)

@@ -9,8 +9,10 @@ snapshot is read back in full, and the store must fsck clean.
 Write sessions mix sequential appends from offset 0 (streaming fast path) with
 writes at random offsets, also past EOF (overlay slow path), truncates, reads
 checked against the pending state, intermediate commits, and end in commit,
-abort (the session then goes on from the committed version) or close. Each run
-also picks the session BATCH, so small files already stream in several batches.
+abort (the session then goes on from the committed version) or close. The appends
+come in any order (as the kernel's writeback may send them: the reorder window). Each
+run also picks the session BATCH and REORDER, so small files already stream in several
+batches and overflow the reorder window.
 One rule removes a file under an open session and runs expire_history + gc: the
 session's view must survive and its commit must store nothing.
 
@@ -102,7 +104,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.files: dict[str, bytearray] = {}
         self.dirs: set[str] = {"/"}
         self.snaps: dict[str, Snap] = {}
-        self._batch = session_mod.BATCH
+        self._batch, self._reorder = session_mod.BATCH, session_mod.REORDER
 
     # -- helpers -------------------------------------------------------------------
 
@@ -185,11 +187,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- setup ------------------------------------------------------------------------
 
-    @initialize(batch=st.sampled_from([8 << 20, 96 << 10, 300 << 10]))
-    def start(self, batch: int) -> None:
+    @initialize(batch=st.sampled_from([8 << 20, 96 << 10, 300 << 10]), reorder=st.sampled_from([64 << 20, 200 << 10]))
+    def start(self, batch: int, reorder: int) -> None:
         # A small session BATCH makes the streaming fast path hand several batches to the
-        # chunking workers (and commit re-chunk in several pieces) even for ~2 MiB files.
+        # chunking workers (and commit re-chunk in several pieces) even for ~2 MiB files; a
+        # small REORDER window overflows with out-of-order appends of such files.
         session_mod.BATCH = batch
+        session_mod.REORDER = reorder
         # something to write to from the first step on
         for name in FILE_NAMES[:2]:
             self.store.create(ROOT_INO, name.encode())
@@ -343,13 +347,17 @@ class StoreMachine(RuleBasedStateMachine):
         with self.store.open_session(ino) as s:
             assert s.size == len(view)
             pos = 0
+            appends: list[tuple[int, bytes]] = []
             for _ in range(data.draw(st.integers(0, 4), label="appends")):
                 chunk = self.draw_data(data, MAX_FILE - pos)
                 if not chunk:
                     break
-                s.write(pos, chunk)
-                put(view, pos, chunk)
+                appends.append((pos, chunk))
                 pos += len(chunk)
+            # as the kernel's writeback may send them: a little out of order (the reorder window)
+            for off, chunk in data.draw(st.permutations(appends), label="append order"):
+                s.write(off, chunk)
+                put(view, off, chunk)
             ops = data.draw(st.lists(st.sampled_from(["write", "write", "truncate", "setattr", "read", "commit"]), max_size=5), label="ops")
             for op in ops:
                 if op == "write":
@@ -494,7 +502,7 @@ class StoreMachine(RuleBasedStateMachine):
                     assert attr.is_dir, f"{p}: expected a directory"
 
     def teardown(self) -> None:
-        session_mod.BATCH = self._batch
+        session_mod.BATCH, session_mod.REORDER = self._batch, self._reorder
         try:
             if not self.store.closed:
                 try:

@@ -133,13 +133,14 @@ class _Pairs:
                 "daemon_cpu_s": self.daemon_cpu, "bytes": self.bytes}
 
 
-def run_datapath(work: Path, size: int, small: int, reps: int, log: Log) -> dict[str, Any]:
-    """Every workload of the module doc, `reps` interleaved pairs each."""
+def run_datapath(work: Path, size: int, small: int, reps: int, log: Log, writeback: str = "default") -> dict[str, Any]:
+    """Every workload of the module doc, `reps` interleaved pairs each; the mount's writeback
+    cache as `cowfs mount` sets it ("default"), or "on" or "off"."""
     store, mnt, disk = work / "store", work / "mnt", work / "disk"
     disk.mkdir(parents=True)
     init_store(store)
     res: dict[str, _Pairs] = {name: _Pairs() for name in (*WRITES, *READS, "small-files")}
-    with mounted(store, mnt) as m:
+    with mounted(store, mnt, writeback=None if writeback == "default" else writeback == "on") as m:
         (mnt / "d").mkdir()
 
         def timed(name: str, on_cowfs: bool, fn: Callable[[], None], nbytes: int) -> None:
@@ -186,4 +187,5 @@ def run_datapath(work: Path, size: int, small: int, reps: int, log: Log) -> dict
             log(f"  datapath pair {rep + 1}/{reps}: " + ", ".join(
                 f"{name} {p.cowfs[-1] / p.disk[-1]:.2f}x" for name, p in res.items() if p.cowfs and p.disk))
     return {"size": size, "small_files": small, "small_writers": SMALL_WRITERS, "reps": reps, "cpus": os.cpu_count(),
+            "writeback": writeback,
             "workloads": {name: p.as_dict() for name, p in res.items()}}

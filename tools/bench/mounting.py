@@ -91,11 +91,12 @@ class Mount:
 
 
 @contextlib.contextmanager
-def mounted(store: Path, mnt: Path, writeback: bool = False, compact_idle: str = "off") -> Iterator[Mount]:
-    """Mount for the body of the with-block; unmount and reap the daemon however it ends."""
+def mounted(store: Path, mnt: Path, writeback: bool | None = False, compact_idle: str = "off") -> Iterator[Mount]:
+    """Mount for the body of the with-block; unmount and reap the daemon however it ends.
+    `writeback`: the kernel's writeback cache on, off, or None for cowfs mount's default."""
     mnt.mkdir(parents=True, exist_ok=True)
-    run_cowfs("mount", str(store), str(mnt), "--compact-idle", compact_idle,
-              *(["--writeback-cache"] if writeback else []), timeout=600)
+    wb = [] if writeback is None else ["--writeback-cache" if writeback else "--no-writeback-cache"]
+    run_cowfs("mount", str(store), str(mnt), "--compact-idle", compact_idle, *wb, timeout=600)
     pid = daemon_pid(store)
     if pid is None:  # mounted, but no daemon named in the lock file: detach and give up
         lazy_unmount(mnt)

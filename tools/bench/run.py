@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 256 quick, 1024 full)")
     p.add_argument("--datapath-reps", type=int, default=5, help="interleaved pairs per workload in the datapath part (default 5)")
     p.add_argument("--small-files", type=int, default=2000, help="small files per run in the datapath part (default 2000)")
+    p.add_argument("--datapath-writeback", choices=("default", "on", "off"), default="default",
+                   help="the datapath part's mount: the kernel's writeback cache as cowfs mount sets it, on or off")
     p.add_argument("--update-docs", action="store_true",
                    help="put the tables into docs/benchmarks.md (the issue-6 section and docs/bench.png only after a run of "
                    "every part and workload; the compaction section after a run with the compaction part)")
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             mib = args.datapath_mib if args.datapath_mib is not None else (1024 if args.full else 256)
             log(f"data path (issue 15): {mib} MiB, {args.datapath_reps} pairs per workload")
             try:
-                results["datapath"] = run_datapath(work / "datapath", mib << 20, args.small_files, args.datapath_reps, log)
+                results["datapath"] = run_datapath(work / "datapath", mib << 20, args.small_files, args.datapath_reps, log,
+                                                   writeback=args.datapath_writeback)
             finally:
                 shutil.rmtree(work / "datapath", ignore_errors=True)
         if args.snapshot_files and "snapshot" in parts:
