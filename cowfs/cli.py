@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--debug", action="store_true", help="log every commit")
     s.add_argument("--writeback-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="let the kernel cache writes and send them back in large pieces, in its own order "
-                   "(default: WRITEBACK; see docs/benchmarks.md)")
+                   "(default: off, measured in docs/benchmarks.md)")
     s.add_argument("--workers", type=int, metavar="N",
                    help="threads for per-byte work (chunking, hashing, appending, reading ahead), per pool "
                    "(default: one per CPU)")

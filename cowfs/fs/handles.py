@@ -31,6 +31,7 @@ class OpenFile:
     shared: SharedSession | None = None  # writable handles
     attr: Attr | None = None  # last known attributes, served after an unlink until release
     opener_pid: int = 0  # the process (thread) that opened it
+    lazy_seq: int = 0  # created by this handle, its catalog commit not yet durable: Catalog.make_durable(lazy_seq)
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if self.shared is not None:

@@ -20,6 +20,7 @@ import trio
 from ..errors import CorruptData, CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
 from ..store.reader import FileReader
+from ..store.session import WriteSession
 from ..store.snapshots import validate_snapshot_name
 from .dispatch import in_thread, translate_errors, wait_future
 from .handles import HandleTable, OpenFile
@@ -332,12 +333,20 @@ class CowfsOperations(pyfuse3.Operations):
             await self.handles.auto_snapshot_done.wait()
         self.handles.creating += 1
         try:
-            attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
-            fuse_ino = ViewTable.encode(LIVE_VIEW, attr.ino)
-            f = await self._open_writer(fuse_ino, attr.ino, False, ctx.pid)
+            attr, session, seq = await in_thread(self._create_file, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
+            f = self.handles.open_writer(ViewTable.encode(LIVE_VIEW, attr.ino), attr.ino, session)
+            f.attr, f.opener_pid, f.lazy_seq = attr, ctx.pid, seq
         finally:
             self.handles.creating -= 1
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
+
+    def _create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> tuple[Attr, WriteSession, int]:
+        """(worker thread) A new file and its write session, in one hop. Its catalog commit is
+        not durable: the file's first version (at close, or fsync) makes it durable, or, if
+        nothing is written, Catalog.make_durable at FLUSH; the seq to pass it."""
+        attr = self.store.create(parent, name, mode, uid, gid, durable=False)
+        seq = self.store.catalog.lazy_seq
+        return attr, self.store.open_session(attr.ino).session, seq
 
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
@@ -428,6 +437,9 @@ class CowfsOperations(pyfuse3.Operations):
 
     async def _commit(self, f: OpenFile) -> None:
         if f.shared is None or not f.shared.session.dirty:
+            if f.lazy_seq:  # created here and closed with nothing written: the create is durable now
+                await in_thread(self.store.catalog.make_durable, f.lazy_seq)
+                f.lazy_seq = 0
             return
         if f.shared.error is not None:
             raise pyfuse3.FUSEError(f.shared.error)
@@ -436,6 +448,7 @@ class CowfsOperations(pyfuse3.Operations):
         except Exception as e:
             self._session_failed(f, e, "commit")
             raise
+        f.lazy_seq = 0  # a durable commit: it covers the create
         if attr is not None:
             f.attr = attr
             log.debug("committed inode %d: %d bytes at generation %d", f.store_ino, attr.size, attr.birth_gen)
@@ -445,6 +458,7 @@ class CowfsOperations(pyfuse3.Operations):
         # close() waits for FLUSH, not RELEASE: the new version must be durable here
         f = self.handles.files[fh]
         if f.shared is None or not f.shared.session.dirty:
+            await self._commit(f)  # (a create not yet durable)
             return
         if self.mount_id is not None and f.opener_pid and await in_thread(
             holds_writable, f.opener_pid, self.mount_id, f.fuse_ino

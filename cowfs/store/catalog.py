@@ -29,8 +29,8 @@ GROUP_MAX = 64  # changes committed in one transaction at most
 class _Change:
     """A `Catalog.write` waiting for the writer thread."""
 
-    def __init__(self, fn: Callable[["Txn"], Any], op: str) -> None:
-        self.fn, self.op, self.future = fn, op, Future()  # type: Future[Any]
+    def __init__(self, fn: Callable[["Txn"], Any], op: str, durable: bool = True) -> None:
+        self.fn, self.op, self.durable, self.future = fn, op, durable, Future()  # type: Future[Any]
 
 
 def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
@@ -78,18 +78,25 @@ class Txn:
             )
 
 
-def _one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str) -> T:
-    """fn(txn) in BEGIN IMMEDIATE ... COMMIT; rolled back if it raises."""
+def _one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str, durable: bool = True) -> T:
+    """fn(txn) in BEGIN IMMEDIATE ... COMMIT; rolled back if it raises. Not `durable`: the
+    COMMIT does not fsync the WAL (synchronous = NORMAL for it): the next durable commit does."""
     txn = Txn(conn, op)
-    conn.execute("BEGIN IMMEDIATE")
+    if not durable:
+        conn.execute("PRAGMA synchronous = NORMAL")
     try:
-        result = fn(txn)
-        txn.finish()
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(txn)
+            txn.finish()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if not durable:
+            conn.execute("PRAGMA synchronous = FULL")
     return result
 
 
@@ -197,6 +204,10 @@ class Catalog:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        # commits that did not fsync the WAL (written by the writer thread only): how many, and
+        # how many of them a durable commit made durable since
+        self.lazy_seq = 0
+        self.durable_seq = 0
         conn: sqlite3.Connection | None = None
         try:
             conn = _connect(path, readonly=False)
@@ -274,13 +285,18 @@ class Catalog:
         the error if the transaction itself fails (then none of them happened)."""
         live = [c for c in group if c.future.set_running_or_notify_cancel()]
         conn = self._conn
+        durable = any(c.durable for c in live)
         if len(live) == 1:  # alone: a plain transaction, no savepoint to pay for
             try:
-                live[0].future.set_result(_one_transaction(conn, live[0].fn, live[0].op))
+                result = _one_transaction(conn, live[0].fn, live[0].op, durable)
+                self._committed(durable)
+                live[0].future.set_result(result)
             except BaseException as e:
                 live[0].future.set_exception(e)
             return
         outcomes: list[tuple[bool, Any]] = []
+        if not durable:
+            conn.execute("PRAGMA synchronous = NORMAL")
         try:
             conn.execute("BEGIN IMMEDIATE")
             for c in live:
@@ -296,17 +312,37 @@ class Catalog:
                     conn.execute("RELEASE change")
                     outcomes.append((False, e))
             conn.execute("COMMIT")
+            self._committed(durable)
         except BaseException as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for c in live:
                 c.future.set_exception(e)
             return
+        finally:
+            if not durable:
+                conn.execute("PRAGMA synchronous = FULL")
         for c, (ok, value) in zip(live, outcomes):
             if ok:
                 c.future.set_result(value)
             else:
                 c.future.set_exception(value)
+
+    def _committed(self, durable: bool) -> None:
+        """(writer thread) A commit returned: a durable one covers every earlier one (the WAL
+        is one file, fsynced whole)."""
+        if durable:
+            self.durable_seq = self.lazy_seq
+        else:
+            self.lazy_seq += 1
+
+    def make_durable(self, seq: int) -> None:
+        """Return once the lazy commit numbered `seq` (a `lazy_seq` read after it) is durable:
+        at once if a durable commit came after it, else after a durable commit of its own."""
+        if self.durable_seq >= seq:
+            return
+        # a real change (SQLite writes no WAL frame for a row rewritten unchanged), fsynced as any durable commit
+        self.write(lambda txn: txn.execute("INSERT OR REPLACE INTO meta VALUES ('synced_ns', ?)", (txn.now_ns,)), op="sync")
 
     def _submit(self, fn: Callable[[], T]) -> T:
         if threading.current_thread() is self._thread:
@@ -315,14 +351,18 @@ class Catalog:
         self._queue.put((fn, fut))
         return fut.result()
 
-    def write(self, fn: Callable[[Txn], T], op: str) -> T:
-        """Run fn(txn) as one transaction on the writer thread; bump the generation if it changed anything."""
+    def write(self, fn: Callable[[Txn], T], op: str, durable: bool = True) -> T:
+        """Run fn(txn) as one transaction on the writer thread; bump the generation if it changed
+        anything. Not `durable`: returns once committed, before the WAL is fsynced (a crash may
+        lose it, never half of it); the next durable commit, or `make_durable`, makes it durable."""
 
         for attempt in (1, 2):
             try:
                 if threading.current_thread() is self._thread:
-                    return _one_transaction(self._conn, fn, op)
-                change = _Change(fn, op)
+                    result = _one_transaction(self._conn, fn, op)
+                    self._committed(True)
+                    return result
+                change = _Change(fn, op, durable)
                 self._queue.put(change)
                 return change.future.result()
             except sqlite3.DatabaseError as e:

@@ -211,11 +211,13 @@ class Store:
 
     # -- changes to the tree -----------------------------------------------------------
 
-    def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None) -> T:
+    def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None,
+                durable: bool = True) -> T:
         """Run `fn` as one transaction; `describe` names the change for event subscribers
-        (run in the same transaction, only when someone listens; published once durable)."""
+        (run in the same transaction, only when someone listens; published once durable).
+        Not `durable` (only without listeners): see Catalog.write."""
         if describe is None or not self.events.active:
-            return self.catalog.write(fn, op=op)
+            return self.catalog.write(fn, op=op) if durable else self.catalog.write(fn, op=op, durable=False)
         events: list[Event] = []
 
         def with_events(txn: Txn) -> T:
@@ -230,17 +232,18 @@ class Store:
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
         return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
 
-    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None, target: bytes | None = None) -> Attr:
+    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None, target: bytes | None = None, durable: bool = True) -> Attr:
         u, g = self._ids(uid, gid)
 
         def fn(txn: Txn) -> Attr:
             ino = ns.make_node(txn, parent, name, kind, mode, u, g, target)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
-        return self._change(op, fn)
+        return self._change(op, fn, durable=durable)
 
-    def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None) -> Attr:
-        return self._make("create", parent, name, KIND_FILE, mode, uid, gid)
+    def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None, durable: bool = True) -> Attr:
+        """A new empty regular file; not `durable`: see Catalog.write (the file's first version makes it durable)."""
+        return self._make("create", parent, name, KIND_FILE, mode, uid, gid, durable=durable)
 
     def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> Attr:
         return self._make("mkdir", parent, name, KIND_DIR, mode, uid, gid)

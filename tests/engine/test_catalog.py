@@ -186,3 +186,64 @@ def test_close_right_behind_a_group_ends_the_writer(tmp_path: Path) -> None:
         assert [w.result(60) for w in writes]
         closer.join(60)
         assert not closer.is_alive()  # the writer saw the stop mark taken while gathering the group
+
+
+def _traced(catalog: Catalog, fn) -> list[str]:  # type: ignore[no-untyped-def]
+    statements: list[str] = []
+    catalog.on_writer(lambda conn: conn.set_trace_callback(statements.append))
+    try:
+        fn()
+    finally:
+        catalog.on_writer(lambda conn: conn.set_trace_callback(None))
+    return [s.strip() for s in statements]
+
+
+def test_a_lazy_change_skips_the_fsync_and_make_durable_adds_one(catalog: Catalog) -> None:
+    """A change written with durable=False commits under synchronous = NORMAL (no WAL fsync),
+    the connection goes back to FULL, and make_durable then commits a durable change (a WAL
+    frame, fsynced under FULL) unless a durable commit came after it."""
+    wal = catalog.path.with_name(catalog.path.name + "-wal")
+    traced = _traced(catalog, lambda: catalog.write(note("lazy"), op="note", durable=False))
+    assert traced[0] == "PRAGMA synchronous = NORMAL" and traced[-1] == "PRAGMA synchronous = FULL"
+    assert catalog.on_writer(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # FULL
+    seq = catalog.lazy_seq
+    assert seq >= 1 and catalog.durable_seq < seq
+    size = wal.stat().st_size
+    traced = _traced(catalog, lambda: catalog.make_durable(seq))
+    assert any(s.startswith("INSERT OR REPLACE INTO meta") for s in traced) and "PRAGMA synchronous = NORMAL" not in traced
+    assert catalog.durable_seq >= seq and wal.stat().st_size > size  # a frame was written and synced
+    # covered already: nothing more to do
+    assert _traced(catalog, lambda: catalog.make_durable(seq)) == []
+    catalog.write(note("lazy2"), op="note", durable=False)
+    seq2 = catalog.lazy_seq
+    catalog.write(note("durable"), op="note")  # a durable commit covers every earlier lazy one
+    assert catalog.durable_seq >= seq2
+    assert _traced(catalog, lambda: catalog.make_durable(seq2)) == []
+    rows = catalog.read(lambda conn: conn.execute("SELECT who FROM notes ORDER BY gen").fetchall())
+    assert [w for (w,) in rows] == ["lazy", "lazy2", "durable"]
+
+
+def test_a_group_with_one_durable_change_is_durable(catalog: Catalog) -> None:
+    gate, held = threading.Event(), threading.Event()
+
+    def block(_conn: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    def run() -> None:
+        with ThreadPoolExecutor(4) as pool:
+            blocker = pool.submit(catalog.on_writer, block)
+            assert held.wait(60)
+            futs = [pool.submit(catalog.write, note(w), "note", w != "b") for w in ("a", "b", "c")]
+            until = time.monotonic() + 60
+            while catalog._queue.qsize() < 3 and time.monotonic() < until:
+                time.sleep(0.01)
+            gate.set()
+            blocker.result(60)
+            [f.result(60) for f in futs]
+
+    before = catalog.lazy_seq
+    traced = _traced(catalog, run)
+    assert sum(s.upper() == "COMMIT" for s in traced) == 1
+    assert "PRAGMA synchronous = NORMAL" not in traced  # "a" and "c" are durable: so is the group
+    assert catalog.lazy_seq == before and catalog.durable_seq == catalog.lazy_seq

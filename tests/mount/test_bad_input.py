@@ -364,6 +364,7 @@ MOUNTED_CASES: list[tuple[tuple[str, ...], Callable[[Path, Path, Path], Path] | 
     (("mount", "{S}", "{X}"), _non_empty, "mountpoint is not empty"),
     (("mount", "{S}", "{X}", "--auto-snapshot", "often"), _empty, "not a duration"),
     (("mount", "{S}", "{X}", "--compact-idle", "when-quiet"), _empty, "not a duration"),
+    (("mount", "{S}", "{X}", "--workers", "0"), _empty, "--workers must be between 1 and 1024"),
     (("umount", "{X}"), _empty, "no cowfs filesystem is mounted there"),
     (("umount", "{X}"), _a_file, "no cowfs filesystem is mounted there"),
     (("umount", "{X}/../nowhere"), _empty, "no such directory"),
