@@ -173,8 +173,9 @@ def test_writeback_cache_is_off_unless_asked() -> None:
     from cowfs.fs.operations import CowfsOperations
 
     assert CowfsOperations.enable_writeback_cache is False
-    assert build_parser().parse_args(["mount", "s", "m"]).writeback_cache is False
+    assert build_parser().parse_args(["mount", "s", "m"]).writeback_cache is None  # the operations' default: off
     assert build_parser().parse_args(["mount", "s", "m", "--writeback-cache"]).writeback_cache is True
+    assert build_parser().parse_args(["mount", "s", "m", "--no-writeback-cache"]).writeback_cache is False
 
 
 def test_process_alive_counts_a_zombie_as_exited():
