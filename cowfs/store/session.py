@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .store import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
-REORDER = 32 << 20  # bytes of writes ahead of the stream's end a session holds at most
+REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
 
 
 @dataclass(frozen=True)
@@ -221,9 +221,12 @@ class WriteSession:
 
     def _hold(self, offset: int, data: bytes) -> bool:
         """(lock held, streaming) Keep a write beyond stream_pos in the reorder window; False
-        if it does not fit (the window is full, or it overlaps a write held already)."""
+        if it does not fit: it ends more than REORDER past stream_pos (a write far ahead, a
+        sparse or random write, will not join the stream soon), or it overlaps a write held
+        already. Held writes do not overlap and lie within REORDER of stream_pos, so they
+        hold at most REORDER bytes."""
         n = len(data)
-        if self.ahead_len + n > REORDER:
+        if offset + n - self.stream_pos > REORDER:
             return False
         i = bisect.bisect_left(self._ahead_starts, offset)
         if i > 0:

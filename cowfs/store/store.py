@@ -217,7 +217,7 @@ class Store:
         (run in the same transaction, only when someone listens; published once durable).
         Not `durable` (only without listeners): see Catalog.write."""
         if describe is None or not self.events.active:
-            return self.catalog.write(fn, op=op) if durable else self.catalog.write(fn, op=op, durable=False)
+            return self.catalog.write(fn, op=op, durable=durable)
         events: list[Event] = []
 
         def with_events(txn: Txn) -> T:

@@ -52,10 +52,10 @@ def test_pieces_far_out_of_order_fill_in_when_the_gap_closes(store):
     assert _content(store, b"f") == b"".join(pieces)
 
 
-def test_a_full_window_leaves_the_fast_path_with_every_byte(store, monkeypatch):
+def test_a_write_too_far_ahead_leaves_the_fast_path_with_every_byte(store, monkeypatch):
     monkeypatch.setattr(session_mod, "REORDER", 3 * MiB)
     pieces = _pieces(8)
-    order = [0, 2, 3, 4, 5, 1, 6, 7]  # the fourth held piece does not fit
+    order = [0, 2, 3, 4, 5, 1, 6, 7]  # piece 4 ends 4 MiB past the stream's end (1 MiB)
     streaming, held, _pos = _written(store, b"f", order, pieces)
     assert not streaming and held == 0
     assert _content(store, b"f") == b"".join(pieces)
@@ -94,6 +94,19 @@ def test_a_gap_never_filled(store, then):
             want = want[:2 * MiB + 100]
         s.commit()
     assert _content(store, b"f") == want
+
+
+def test_a_write_far_ahead_is_not_held(store):
+    """A sparse or random write far past the stream's end goes to the overlay at once: it
+    will not join the stream soon, and holding it would only cost memory."""
+    ino = store.create(ROOT_INO, b"f").ino
+    a, b = os.urandom(MiB), os.urandom(1000)
+    with store.open_session(ino) as s:
+        s.write(0, a)
+        s.write(MiB + session_mod.REORDER, b)
+        assert not s.streaming and s.ahead_len == 0
+        s.commit()
+    assert _content(store, b"f") == a + bytes(session_mod.REORDER) + b
 
 
 def test_abort_drops_held_writes(store):

@@ -201,7 +201,7 @@ def test_crash_between_sync_and_catalog_commit(path, monkeypatch):
     s.write_file("/m.pt", data(100_000, 1))
     f = s.resolve("/m.pt")
 
-    def boom(fn, op):
+    def boom(fn, op, durable=True):
         raise KeyboardInterrupt("killed")
 
     w = s.open_session(f.ino)
@@ -293,11 +293,11 @@ def test_failed_commit_loses_nothing_and_can_be_retried(path, monkeypatch):
             real = s.catalog.write
             calls = {"n": 0}
 
-            def flaky(fn, op):
+            def flaky(fn, op, durable=True):
                 calls["n"] += 1
                 if op == "commit" and calls["n"] == 1:
                     raise OSError(28, "No space left on device")
-                return real(fn, op)
+                return real(fn, op, durable)
 
             monkeypatch.setattr(s.catalog, "write", flaky)
             with pytest.raises(OSError):

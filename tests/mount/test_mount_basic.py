@@ -192,3 +192,33 @@ def test_process_alive_counts_a_zombie_as_exited():
         p.kill()
         p.wait()
     assert not process_alive(p.pid)
+
+
+def _synced_ns(store_path):
+    """meta.synced_ns of a (mounted) store's catalog: set only by a durability barrier."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{store_path / 'catalog.db'}?mode=ro", uri=True)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'synced_ns'").fetchone()
+    finally:
+        conn.close()
+    return row[0] if row else None
+
+
+def test_a_created_file_is_durable_at_close_without_a_fsync_of_its_own(store_path, tmp_path):
+    """A create through the mount skips the WAL fsync: a file written and closed needs no
+    barrier (its version's commit fsyncs the create with it); a file closed empty gets one
+    at its close."""
+    with mounted(store_path, tmp_path / "mnt") as m:
+        (m / "written").write_bytes(b"x" * 5000)
+        assert _synced_ns(store_path) is None  # the version's durable commit covered the create
+        (m / "empty").touch()
+        first = _synced_ns(store_path)
+        assert first is not None  # its FLUSH made the create durable
+        with open(m / "written", "ab") as f:  # an open of an existing file: no barrier
+            f.write(b"y")
+        assert _synced_ns(store_path) == first
+    with Store.open(store_path) as s:
+        assert s.read_file("/written") == b"x" * 5000 + b"y" and s.read_file("/empty") == b""
+    assert_clean(store_path)
