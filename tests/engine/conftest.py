@@ -18,8 +18,8 @@ def store_path(tmp_path, monkeypatch):
     opened: list[Store] = []
     real_open = Store.open.__func__
 
-    def tracking_open(cls, p):  # remember stores the test opens, to close any it left open
-        s = real_open(cls, p)
+    def tracking_open(cls, p, *args, **kwargs):  # remember stores the test opens, to close any it left open
+        s = real_open(cls, p, *args, **kwargs)
         opened.append(s)
         return s
 

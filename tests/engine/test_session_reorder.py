@@ -120,3 +120,4 @@ def test_abort_drops_held_writes(store):
         assert s.ahead_len == 0 and s.size == 1000
         assert s.read(0, 10_000) == b"x" * 1000
     assert _content(store, b"f") == b"x" * 1000
+

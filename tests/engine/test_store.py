@@ -460,3 +460,12 @@ def test_a_new_store_reserves_one_mib_for_its_catalog(path):
     with Store.open(path):
         reserve = os.path.join(path, "catalog.db.reserve")
         assert os.stat(reserve).st_blocks * 512 == 1 << 20
+
+
+def test_the_pools_have_one_worker_per_cpu_unless_told(store_path):
+    """The per-byte pools (chunking and appending; reading ahead and verifying) are sized to
+    the machine, or to `workers` (cowfs mount --workers N)."""
+    with Store.open(store_path) as s:
+        assert s.executor._max_workers == s.readahead._max_workers == (os.cpu_count() or 2)
+    with Store.open(store_path, workers=5) as s:
+        assert s.executor._max_workers == s.readahead._max_workers == 5
