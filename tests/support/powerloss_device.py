@@ -438,11 +438,14 @@ def install(monkeypatch, disk: Disk) -> None:  # type: ignore[no-untyped-def]
     real_write = catalog_mod.Catalog.write
     real_write = getattr(real_write, "_pl", real_write)
 
-    def write(self, fn, op):  # type: ignore[no-untyped-def]
+    def write(self, fn, op, durable=True):  # type: ignore[no-untyped-def]
+        # (the engine's operations here all commit durably; a lazy commit, FUSE's create, is
+        # only made by the mount, whose crash states the kill -9 harness covers)
+        assert durable, "the power-loss simulation models durable catalog commits only"
         d = _disk()
         with d.lock:
             d.point(f"catalog-before:{op}")
-        result = real_write(self, fn, op)
+        result = real_write(self, fn, op, durable)
         with d.lock:
             d.committed.append(op)
             d.point(f"catalog-after:{op}")
