@@ -118,8 +118,8 @@ def create_catalog(path: Path, store_uuid: str) -> None:
         conn.execute("INSERT INTO inodes VALUES (?, ?, 1)", (ROOT_INO, KIND_DIR))
         uid, gid = os.getuid(), os.getgid()
         conn.execute(
-            "INSERT INTO versions(ino, birth_gen, death_gen, size, mode, uid, gid, mtime_ns, ctime_ns, data_gen)"
-            " VALUES (?, 1, ?, 0, ?, ?, ?, ?, ?, 1)",
+            "INSERT INTO versions(ino, birth_gen, death_gen, size, mode, uid, gid, mtime_ns, ctime_ns, data_gen, nlink)"
+            " VALUES (?, 1, ?, 0, ?, ?, ?, ?, ?, 1, 2)",
             (ROOT_INO, LIVE, 0o40755, uid, gid, now, now),
         )
         conn.execute("COMMIT")

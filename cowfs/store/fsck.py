@@ -25,7 +25,7 @@ from .layout import CATALOG_FILE, segment_path
 from .codecs import DELTA_CODECS, base_of
 from .log import Location, location
 from .records import CODEC_RAW, DATA_START, RecordError, decode_segment_header, record_span, scan_records
-from .schema import LIVE, ROOT_INO
+from .schema import KIND_DIR, LIVE, ROOT_INO
 
 if TYPE_CHECKING:
     from .store import Store
@@ -273,6 +273,8 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
         "live inode {0} has {1} live names (expected 1)")
     add("inode", f"SELECT ino, count(*) FROM versions WHERE death_gen={LIVE} GROUP BY ino HAVING count(*) > 1",
         "inode {0} has {1} live versions")
+    add("inode", f"SELECT v.ino, v.nlink, {NLINK_LIVE} AS n FROM versions v WHERE v.death_gen={LIVE} AND v.nlink != n",
+        "inode {0} has link count {1}, its live entries give {2}")
     gen = ns.current_gen(conn)
     add("snapshot", f"SELECT name, gen FROM snapshots WHERE gen > {gen}", "snapshot {0!r} pins future generation {1}")
     if conn.execute(f"SELECT 1 FROM versions WHERE ino={ROOT_INO} AND death_gen={LIVE}").fetchone() is None:
@@ -287,6 +289,11 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
             "SELECT count(*) FROM extents e JOIN versions v ON v.content_id=e.content_id WHERE v.vid=?", (vid,)
         ).fetchone()[0]:
             report.problems.append(Problem("version", f"version {vid} has extents that are not contiguous"))
+
+
+# what a live version's nlink must be: a directory's 2 + its live subdirectories, otherwise 1
+NLINK_LIVE = (f"(CASE WHEN v.mode & 0xF000 = 0x4000 THEN 2 + (SELECT count(*) FROM dentries d JOIN inodes i"
+              f" ON i.ino = d.ino WHERE d.parent = v.ino AND d.death_gen = {LIVE} AND i.kind = {KIND_DIR}) ELSE 1 END)")
 
 
 def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, Location]) -> None:
@@ -315,6 +322,10 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
                         (loc.seg_id, loc.offset, loc.stored_len, loc.length, loc.codec, base[0] if base else None, cid))
             txn.execute("UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", (loc.offset + loc.span, loc.seg_id))
             done.append(f"chunk cid {cid}: relocated to an intact copy in segment {loc.seg_id} offset {loc.offset}")
+        for ino, n in txn.execute(f"SELECT v.ino, {NLINK_LIVE} AS n FROM versions v"
+                                  f" WHERE v.death_gen={LIVE} AND v.nlink != n").fetchall():
+            txn.execute("UPDATE versions SET nlink=? WHERE ino=? AND death_gen=?", (n, ino, LIVE))
+            done.append(f"inode {ino}: link count set to {n}")
         lost = [cid for cid in bad if cid not in relocations]
         txn.execute("CREATE TEMP TABLE IF NOT EXISTS fsck_lost(cid INTEGER PRIMARY KEY)")
         txn.execute("DELETE FROM fsck_lost")
@@ -345,7 +356,7 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
             if prev is not None:
                 txn.execute(
                     f"INSERT INTO versions({ns.VERSION_COLS}) SELECT NULL, ino, ?, ?, size, mode, uid, gid, mtime_ns,"
-                    " ?, content_id, target, data_gen FROM versions WHERE vid=?",
+                    " ?, content_id, target, data_gen, nlink FROM versions WHERE vid=?",
                     (txn.gen, LIVE, txn.now_ns, prev[0]),
                 )
                 done.append(f"{paths}: reverted to its newest intact version {prev[0]}")

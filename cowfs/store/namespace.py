@@ -32,6 +32,7 @@ class VersionRow(NamedTuple):
     content_id: int | None
     target: bytes | None
     data_gen: int
+    nlink: int
 
 
 VERSION_COLS = ", ".join(VersionRow._fields)
@@ -86,7 +87,9 @@ def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> VersionRow | No
     return None if row is None else VersionRow(*row)
 
 
-def _subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
+def subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
+    """Count the subdirectories of `ino` as of `gen` (a scan of its entries: fsck and the
+    upgrade use it; stat reads the nlink kept in the version row)."""
     return conn.execute(
         "SELECT count(*) FROM dentries d JOIN inodes i ON i.ino = d.ino"
         " WHERE d.parent=? AND d.birth_gen<=? AND d.death_gen>? AND i.kind=?",
@@ -95,8 +98,7 @@ def _subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
 
 
 def attr_from_row(conn: sqlite3.Connection, row: VersionRow, gen: int) -> Attr:
-    nlink = 2 + _subdirs(conn, row.ino, gen) if stat.S_ISDIR(row.mode) else 1
-    return Attr(row.ino, row.mode, row.size, row.uid, row.gid, row.mtime_ns, row.ctime_ns, nlink, row.vid,
+    return Attr(row.ino, row.mode, row.size, row.uid, row.gid, row.mtime_ns, row.ctime_ns, row.nlink, row.vid,
                 row.birth_gen, row.data_gen, row.content_id)
 
 
@@ -211,9 +213,11 @@ def kill_inode(txn: Txn, ino: int) -> None:
     txn.execute("UPDATE versions SET death_gen=? WHERE ino=? AND death_gen=?", (txn.gen, ino, LIVE))
 
 
-def touch(txn: Txn, ino: int) -> None:
-    """A directory's entries changed: new mtime and ctime."""
-    new_version(txn, live_version(txn, ino), mtime_ns=txn.now_ns, ctime_ns=txn.now_ns)
+def touch(txn: Txn, ino: int, subdirs: int = 0) -> None:
+    """A directory's entries changed: new mtime and ctime; `subdirs` directories were added
+    to it (negative: removed), which its nlink follows."""
+    old = live_version(txn, ino)
+    new_version(txn, old, mtime_ns=txn.now_ns, ctime_ns=txn.now_ns, nlink=old.nlink + subdirs)
 
 
 def live_child(txn: Txn, parent: int, name: bytes) -> int | None:
@@ -241,11 +245,12 @@ def make_node(txn: Txn, parent: int, name: bytes, kind: int, mode: int, uid: int
     ino = int(txn.execute("INSERT INTO inodes(kind, birth_gen) VALUES (?, ?)", (kind, txn.gen)).lastrowid)
     size = len(target) if target is not None else 0
     txn.execute(
-        f"INSERT INTO versions({VERSION_COLS}) VALUES (NULL,?,?,?,?,?,?,?,?,?,NULL,?,?)",
-        (ino, txn.gen, LIVE, size, ftype | (mode & 0o7777), uid, gid, txn.now_ns, txn.now_ns, target, txn.gen),
+        f"INSERT INTO versions({VERSION_COLS}) VALUES (NULL,?,?,?,?,?,?,?,?,?,NULL,?,?,?)",
+        (ino, txn.gen, LIVE, size, ftype | (mode & 0o7777), uid, gid, txn.now_ns, txn.now_ns, target, txn.gen,
+         2 if kind == KIND_DIR else 1),
     )
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (parent, name, ino, txn.gen, LIVE))
-    touch(txn, parent)
+    touch(txn, parent, 1 if kind == KIND_DIR else 0)
     return ino
 
 
@@ -284,7 +289,7 @@ def rmdir(txn: Txn, parent: int, name: bytes) -> int:
     if has_children(txn, ino):
         raise NotEmpty(f"{name.decode(errors='replace')}: directory not empty")
     _kill_entry(txn, parent, name, ino)
-    touch(txn, parent)
+    touch(txn, parent, -1)
     return ino
 
 
@@ -337,9 +342,14 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
         _kill_entry(txn, new_parent, new_name, old)
     _end_dentry(txn, parent, name)
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))
-    touch(txn, parent)
+    # subdirectories gained and lost: the moved directory, and a directory it replaced
+    moved = 1 if src_dir else 0
+    replaced = 1 if old is not None and src_dir else 0
     if new_parent != parent:
-        touch(txn, new_parent)
+        touch(txn, parent, -moved)
+        touch(txn, new_parent, moved - replaced)
+    else:
+        touch(txn, parent, -replaced)
     return old
 
 

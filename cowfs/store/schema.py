@@ -5,8 +5,8 @@ birth_gen <= G < death_gen; live rows have death_gen = LIVE.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 3  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen
-# (upgrade.py migrates 1 and 2)
+SCHEMA_VERSION = 4  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen;
+# 4: versions.nlink (upgrade.py migrates 1, 2 and 3)
 LIVE = (1 << 62)  # death_gen of rows that are still current
 ROOT_INO = 1
 
@@ -90,7 +90,8 @@ CREATE TABLE versions (
   ctime_ns   INTEGER NOT NULL,
   content_id INTEGER,                  -- regular files: contents.content_id
   target     BLOB,                     -- symlinks: the link target
-  data_gen   INTEGER NOT NULL          -- generation that wrote this body (metadata-only versions keep the old one)
+  data_gen   INTEGER NOT NULL,         -- generation that wrote this body (metadata-only versions keep the old one)
+  nlink      INTEGER NOT NULL DEFAULT 1  -- st_nlink: directories 2 + their subdirectories, others 1
 );
 CREATE INDEX versions_ino ON versions(ino, death_gen);
 CREATE INDEX versions_content ON versions(content_id) WHERE content_id IS NOT NULL;

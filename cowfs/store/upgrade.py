@@ -10,7 +10,10 @@ version (atomic rename). Segment files need no change: a version 1 record is a r
 version 2 and 3 record. Crash states: before the catalog commit, nothing changed; after
 it and before the config rename, the config still says the old version and opening the
 store asks for the upgrade again, which finds the catalog done and only rewrites the
-config.
+config. Version 3 -> 4: versions.nlink, kept in each version row so that stat of a directory
+does not count its entries; it is filled in for every existing version (a directory's
+subdirectories as of the generation its version row was born: every change of a
+directory's entries gives it a new version row, so that count holds over the row's life).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Callable, Sequence
 
 from ..errors import Busy, StoreError
 from .layout import CATALOG_FILE, CONFIG_FILE, FORMAT_VERSION, LOCK_FILE, OLDEST_UPGRADABLE, config_data, fsync_dir
@@ -43,7 +47,31 @@ CATALOG_2_TO_3 = (
     "CREATE INDEX lineage_cid ON lineage(cid)",
     "UPDATE meta SET value = 3 WHERE key = 'schema_version'",
 )
-STEPS = {1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3}  # schema version -> the statements that bring it to the next
+
+
+def _count_nlinks(conn: sqlite3.Connection) -> None:
+    """Set each directory version's nlink: 2 + its subdirectories as of its birth generation.
+    Subdirectory entries are few; they are read once, grouped by parent."""
+    subdirs: dict[int, list[tuple[int, int]]] = {}
+    for parent, birth, death in conn.execute(
+        "SELECT d.parent, d.birth_gen, d.death_gen FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2"
+    ):
+        subdirs.setdefault(parent, []).append((birth, death))
+    rows = conn.execute("SELECT vid, ino, birth_gen FROM versions WHERE mode & 0xF000 = 0x4000").fetchall()
+    conn.executemany("UPDATE versions SET nlink = ? WHERE vid = ?", [
+        (2 + sum(1 for b, d in subdirs.get(ino, ()) if b <= gen < d), vid) for vid, ino, gen in rows
+    ])
+
+
+CATALOG_3_TO_4: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
+    "ALTER TABLE versions ADD COLUMN nlink INTEGER NOT NULL DEFAULT 1",
+    _count_nlinks,
+    "UPDATE meta SET value = 4 WHERE key = 'schema_version'",
+)
+# schema version -> the statements (or functions of the connection) that bring it to the next
+STEPS: dict[int, Sequence[str | Callable[[sqlite3.Connection], None]]] = {
+    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4,
+}
 
 
 def upgrade(root: Path) -> tuple[int, int]:
@@ -89,7 +117,10 @@ def _upgrade_catalog(path: Path) -> None:
         conn.execute("BEGIN IMMEDIATE")
         while schema != SCHEMA_VERSION:
             for stmt in STEPS[schema]:
-                conn.execute(stmt)
+                if callable(stmt):
+                    stmt(conn)
+                else:
+                    conn.execute(stmt)
             schema += 1
         conn.execute("COMMIT")
     except sqlite3.DatabaseError as e:

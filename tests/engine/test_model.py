@@ -120,6 +120,11 @@ class StoreMachine(RuleBasedStateMachine):
         names = [name_of(p) for p in list(files) + list(dirs) if p != "/" and parent_of(p) == d]
         return sorted(n.encode() for n in names)
 
+    def nlink(self, d: str, dirs: set[str] | None = None) -> int:
+        """A directory's link count in the model: 2 + its subdirectories."""
+        dirs = self.dirs if dirs is None else dirs
+        return 2 + sum(1 for p in dirs if p != "/" and parent_of(p) == d)
+
     def check_file(self, path: str) -> None:
         got = self.store.read_file(path)
         want = self.files[path]
@@ -136,6 +141,9 @@ class StoreMachine(RuleBasedStateMachine):
             for d in snap.dirs:
                 names = [n for n, _ in self.store.readdir(self.ino(d, snap.gen), gen=snap.gen)]
                 assert names == self.children(d, snap.files, snap.dirs), f"snapshot {name}: readdir {d}"
+                want = self.nlink(d, snap.dirs)
+                got = self.store.resolve(d, snap.gen).nlink
+                assert got == want, f"snapshot {name}: {d} has nlink {got}, model {want}"
         assert sorted(s.name for s in self.store.snapshot_list()) == sorted(self.snaps)
 
     def draw_data(self, data: st.DataObject, limit: int) -> bytes:
@@ -498,8 +506,11 @@ class StoreMachine(RuleBasedStateMachine):
                 p = join(d, n.decode())
                 if p in self.files:
                     assert attr.is_file and attr.size == len(self.files[p]), f"{p}: stat size {attr.size}"
+                    assert attr.nlink == 1, f"{p}: nlink {attr.nlink}"
                 else:
                     assert attr.is_dir, f"{p}: expected a directory"
+                    assert attr.nlink == self.nlink(p), f"{p}: nlink {attr.nlink}, model {self.nlink(p)}"
+        assert self.store.getattr(ROOT_INO).nlink == self.nlink("/")
 
     def teardown(self) -> None:
         session_mod.BATCH, session_mod.REORDER = self._batch, self._reorder

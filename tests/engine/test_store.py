@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import stat
 
 import pytest
 
 from cowfs.errors import Busy, CorruptData, Exists, IsADirectory, NotEmpty, NotFound, StoreError
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import FORMAT_VERSION, segment_path
+from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, segment_path
+from cowfs.store.schema import LIVE
 
 from tests.support.storeutil import assert_clean, data, new_store
 
@@ -469,3 +471,35 @@ def test_the_pools_have_one_worker_per_cpu_unless_told(store_path):
         assert s.executor._max_workers == s.readahead._max_workers == (os.cpu_count() or 2)
     with Store.open(store_path, workers=5) as s:
         assert s.executor._max_workers == s.readahead._max_workers == 5
+
+
+def test_directory_link_counts_follow_every_change_and_fsck_checks_them(path):
+    with Store.open(path) as s:
+        a = s.mkdir(ROOT_INO, b"a")
+        b = s.mkdir(ROOT_INO, b"b")
+        s.mkdir(a.ino, b"x")
+        s.mkdir(b.ino, b"y")
+        s.create(a.ino, b"f")  # files do not count
+        snap = s.snapshot_create("before").gen
+        assert [s.getattr(i).nlink for i in (ROOT_INO, a.ino, b.ino)] == [4, 3, 3]
+        s.rename(a.ino, b"x", b.ino, b"x")  # a directory moves: one parent loses it, the other gains it
+        assert [s.getattr(i).nlink for i in (a.ino, b.ino)] == [2, 4]
+        s.rename(b.ino, b"x", b.ino, b"y")  # over an empty directory in the same parent
+        assert s.getattr(b.ino).nlink == 3
+        s.mkdir(a.ino, b"z")
+        s.rename(b.ino, b"y", a.ino, b"z")  # over an empty directory in another parent
+        assert [s.getattr(i).nlink for i in (a.ino, b.ino)] == [3, 2]
+        s.rmdir(a.ino, b"z")
+        assert s.getattr(a.ino).nlink == 2
+        # the snapshot keeps the counts of its generation
+        assert [s.getattr(i, snap).nlink for i in (ROOT_INO, a.ino, b.ino)] == [4, 3, 3]
+        assert s.fsck().clean
+    conn = sqlite3.connect(path / CATALOG_FILE)
+    conn.execute("UPDATE versions SET nlink = 7 WHERE ino = ? AND death_gen = ?", (a.ino, LIVE))
+    conn.commit()
+    conn.close()
+    with Store.open(path) as s:
+        report = s.fsck()
+        assert [p.line() for p in report.problems if "link count" in p.line()], report.problems
+        assert any("link count set to 2" in line for line in s.fsck(repair=True).repaired)
+        assert s.getattr(a.ino).nlink == 2 and s.fsck().clean

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from cowfs.errors import Busy, StoreError
-from cowfs.store import Store
+from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, LOCK_FILE
 from cowfs.store.upgrade import _upgrade_catalog, upgrade
 from tests.support.storeutil import assert_clean
@@ -47,6 +47,10 @@ def check_contents(path: Path) -> None:
         older = s.history("/run/model.bin")[-1]
         assert s.read_file("/run/model.bin", older.birth_gen) == MODEL_V1
         assert s.read_file("/notes.txt") == b"hello v1\n"
+        # format 4 keeps nlink in each version row: filled in for the old rows by the upgrade
+        assert s.getattr(ROOT_INO).nlink == 3 and s.getattr(ROOT_INO, first).nlink == 3
+        assert s.getattr(ROOT_INO, 1).nlink == 2  # the empty store, before /run was made
+        assert s.resolve("/run").nlink == 2 and s.resolve("/notes.txt").nlink == 1
 
 
 def test_old_store_is_refused_with_the_command_to_run(v1_store: Path) -> None:
@@ -139,7 +143,9 @@ def test_version_2_store_is_refused_then_upgraded_with_its_lineage(v2_store: Pat
     with Store.open(v2_store) as s:
         for i in range(3):
             assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+        assert s.getattr(ROOT_INO).nlink == 5
         s.mkdir(1, b"checkpoint-3")
+        assert s.getattr(ROOT_INO).nlink == 6
         s.write_file("/checkpoint-3/model.safetensors", files[3])
         report = s.compact()
         assert report.recut == 1 and report.deltas == 2  # checkpoint-2's pieces lean on the new ones
