@@ -12,7 +12,6 @@ import errno
 import logging
 import os
 import stat
-import time
 
 import pyfuse3
 import trio
@@ -23,15 +22,25 @@ from ..store.reader import FileReader
 from ..store.session import WriteSession
 from ..store.snapshots import validate_snapshot_name
 from .dispatch import in_thread, translate_errors, wait_future
+from .corrupt_log import CorruptLog
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
 
 log = logging.getLogger("cowfs.fs")
+HELD = object()  # _commit_unless_held: the opener still holds the file open, nothing committed
+
+
+def _commit_unless_held(session: WriteSession, held: tuple[int, int, int] | None) -> "Attr | None | object":
+    """(worker thread) Commit, unless `held` (opener pid, mount id, FUSE inode) says the
+    opener still holds a writable descriptor on the file: then HELD."""
+    if held is not None and holds_writable(*held):
+        return HELD
+    return session.commit()
+
 
 LIVE_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 300.0
-CORRUPT_LOG_INTERVAL = 10.0  # seconds between log lines about the same damaged file version
 
 
 class CowfsOperations(pyfuse3.Operations):
@@ -50,7 +59,7 @@ class CowfsOperations(pyfuse3.Operations):
         self._writer_open_lock = trio.Lock()
         self.mount_id: int | None = None  # set once mounted; enables the forked-copy check at FLUSH
         self._dir_ids = 0
-        self._corrupt_reported: dict[tuple[int, int], tuple[float, int]] = {}  # (ino, vid) -> (logged at, missed)
+        self.corrupt_log = CorruptLog(store)
 
     # -- attributes --------------------------------------------------------------
 
@@ -298,7 +307,7 @@ class CowfsOperations(pyfuse3.Operations):
         try:
             reader, attr = await in_thread(self._committed_version, view, ino)
         except CorruptData as e:
-            self._report_corrupt(view, ino, e, "open")
+            self.corrupt_log.report(view, ino, e, "open")
             raise pyfuse3.FUSEError(errno.EIO) from None
         f = self.handles.open_reader(inode, ino, reader)
         f.attr = attr
@@ -369,28 +378,8 @@ class CowfsOperations(pyfuse3.Operations):
             view, _ = self._decode(f.fuse_ino)
             if e.ino is None and f.attr is not None:  # a read through a write session: its base version
                 e.ino, e.vid, e.generation = f.attr.ino, f.attr.vid, f.attr.birth_gen
-            self._report_corrupt(view, f.store_ino, e, f"read at offset {off}")
+            self.corrupt_log.report(view, f.store_ino, e, f"read at offset {off}")
             raise pyfuse3.FUSEError(errno.EIO) from None
-
-    def _report_corrupt(self, view: View, ino: int, e: CorruptData, what: str) -> None:
-        """Log a read that failed its checks: one line naming the path and version; further
-        failures of that version within CORRUPT_LOG_INTERVAL are counted into its next line."""
-        ino = e.ino if e.ino is not None else ino
-        key = (ino, e.vid or 0)
-        now = time.monotonic()
-        last, missed = self._corrupt_reported.get(key, (float("-inf"), 0))
-        if now - last < CORRUPT_LOG_INTERVAL:
-            self._corrupt_reported[key] = (last, missed + 1)
-            return
-        self._corrupt_reported[key] = (now, 0)
-        try:
-            paths = self.store.paths_of(ino, view.gen if view.gen is not None else self.store.generation)
-            where = ", ".join(paths or self.store.paths_of(ino)) or f"inode {ino}"
-        except CowfsError:  # a damaged catalog may not tell
-            where = f"inode {ino}"
-        version = f" version {e.vid} (generation {e.generation})" if e.vid is not None else ""
-        log.error("corrupt data: %s%s%s: %s failed: %s%s", where, f" in snapshot {view.name}" if view.name else "",
-                  version, what, e, f" ({missed} more failures of it since the last report)" if missed else "")
 
     @translate_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -435,7 +424,9 @@ class CowfsOperations(pyfuse3.Operations):
             pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name.encode(errors="surrogateescape"),
                                            ignore_enoent=True)
 
-    async def _commit(self, f: OpenFile) -> None:
+    async def _commit(self, f: OpenFile, unless_held: bool = False) -> None:
+        """Commit the handle's session. `unless_held` (a FLUSH): not if its opener still holds
+        the file open for writing (checked in the same worker hop as the commit)."""
         if f.shared is None or not f.shared.session.dirty:
             if f.lazy_seq:  # created here and closed with nothing written: the create is durable now
                 await in_thread(self.store.catalog.make_durable, f.lazy_seq)
@@ -443,31 +434,28 @@ class CowfsOperations(pyfuse3.Operations):
             return
         if f.shared.error is not None:
             raise pyfuse3.FUSEError(f.shared.error)
+        held = None
+        if unless_held and self.mount_id is not None and f.opener_pid:
+            held = (f.opener_pid, self.mount_id, f.fuse_ino)
         try:
-            attr = await in_thread(f.shared.session.commit)
+            attr = await in_thread(_commit_unless_held, f.shared.session, held)
         except Exception as e:
             self._session_failed(f, e, "commit")
             raise
+        if attr is HELD:
+            # the opener still holds the file open: this FLUSH is from a copy of its
+            # descriptor (a forked child closing or exec'ing), not the writer's close
+            log.debug("flush of inode %d from a descriptor copy: not committing", f.store_ino)
+            return
         f.lazy_seq = 0  # a durable commit: it covers the create
-        if attr is not None:
+        if isinstance(attr, Attr):
             f.attr = attr
             log.debug("committed inode %d: %d bytes at generation %d", f.store_ino, attr.size, attr.birth_gen)
 
     @translate_errors
     async def flush(self, fh: int) -> None:
         # close() waits for FLUSH, not RELEASE: the new version must be durable here
-        f = self.handles.files[fh]
-        if f.shared is None or not f.shared.session.dirty:
-            await self._commit(f)  # (a create not yet durable)
-            return
-        if self.mount_id is not None and f.opener_pid and await in_thread(
-            holds_writable, f.opener_pid, self.mount_id, f.fuse_ino
-        ):
-            # the opener still holds the file open: this FLUSH is from a copy of its
-            # descriptor (a forked child closing or exec'ing), not the writer's close
-            log.debug("flush of inode %d from a descriptor copy: not committing", f.store_ino)
-            return
-        await self._commit(f)
+        await self._commit(self.handles.files[fh], unless_held=True)
 
     @translate_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
