@@ -21,23 +21,29 @@ def mount_id(mountpoint: str) -> int | None:
 
 
 def holds_writable(pid: int, mnt_id: int, ino: int) -> bool:
-    """Does process `pid` hold a descriptor open for writing on inode `ino` of mount `mnt_id`?"""
-    base = f"/proc/{pid}/fdinfo"
+    """Does process `pid` hold a descriptor open for writing on inode `ino` of mount `mnt_id`?
+    (Raw os calls and bytes: a FLUSH pays this for every descriptor of the opener.)"""
+    base = f"/proc/{pid}/fdinfo/"
     try:
         fds = os.listdir(base)
     except OSError:
         return False  # gone
-    want_mnt, want_ino = f"mnt_id:\t{mnt_id}\n", f"ino:\t{ino}\n"
+    # fdinfo starts with "pos:", so both lines we look for follow a newline
+    want_mnt, want_ino = b"\nmnt_id:\t%d\n" % mnt_id, b"\nino:\t%d\n" % ino
     for fd in fds:
         try:
-            with open(f"{base}/{fd}") as f:
-                info = f.read()
+            h = os.open(base + fd, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # closed meanwhile
+        try:
+            info = os.read(h, 4096)
         except OSError:
             continue
+        finally:
+            os.close(h)
         if want_mnt not in info or want_ino not in info:
             continue
-        for line in info.splitlines():
-            if line.startswith("flags:"):
-                if int(line.split()[1], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
-                    return True
+        _, found, rest = info.partition(b"\nflags:\t")
+        if found and int(rest.split(b"\n", 1)[0], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+            return True
     return False

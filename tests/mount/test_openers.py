@@ -1,0 +1,59 @@
+"""fs/openers.py: who holds a file open for writing, read from /proc/PID/fdinfo (the FLUSH
+check that tells a writer's close from the close of a descriptor copy)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cowfs.fs.openers import holds_writable
+
+
+def _mnt_id(fd: int) -> int:
+    info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    return int(info.split("mnt_id:\t")[1].split()[0])
+
+
+def test_a_writable_descriptor_is_found_by_mount_and_inode(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        mnt, ino = _mnt_id(fd), os.fstat(fd).st_ino
+        assert holds_writable(os.getpid(), mnt, ino)
+        assert not holds_writable(os.getpid(), mnt, ino + 1)
+        assert not holds_writable(os.getpid(), mnt + 100000, ino)
+    finally:
+        os.close(fd)
+    assert not holds_writable(os.getpid(), mnt, ino)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not holds_writable(os.getpid(), mnt, ino)  # read-only does not count
+    finally:
+        os.close(fd)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert holds_writable(os.getpid(), mnt, ino)
+    finally:
+        os.close(fd)
+
+
+def test_another_process_and_a_gone_one(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1], 'ab'); print(f.fileno(), flush=True);"
+                              " sys.stdin.read()", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        int(child.stdout.readline())  # the file is open in the child now
+        fd = os.open(path, os.O_RDONLY)
+        mnt, ino = _mnt_id(fd), os.fstat(fd).st_ino
+        os.close(fd)
+        assert holds_writable(child.pid, mnt, ino)
+        child.stdin.close()
+        child.wait(timeout=60)
+        assert not holds_writable(child.pid, mnt, ino)  # gone
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
