@@ -219,6 +219,20 @@ class WriteSession:
         if self.pending_len >= BATCH:
             self._submit_batch()
 
+    def _join_ahead(self) -> None:
+        """(lock held, streaming) Held writes the stream has reached join it. A held write is
+        older than the append that reached it, so the part of it that append covered is
+        dropped (the newer bytes win) and only the rest joins."""
+        while self._ahead_starts and self._ahead_starts[0] <= self.stream_pos:
+            start = self._ahead_starts[0]
+            held = self.ahead[start]
+            skip = self.stream_pos - start
+            if skip < len(held):
+                self._append(held[skip:] if skip else held)  # (a failed batch raises here: it stays held)
+            del self.ahead[start]
+            self._ahead_starts.pop(0)
+            self.ahead_len -= len(held)
+
     def _hold(self, offset: int, data: bytes) -> bool:
         """(lock held, streaming) Keep a write beyond stream_pos in the reorder window; False
         if it does not fit: it ends more than REORDER past stream_pos (a write far ahead, a
@@ -252,11 +266,7 @@ class WriteSession:
             self.dirty = True
             if self.streaming and offset == self.stream_pos and not self.overlay:
                 self._append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
-                while self.ahead and self._ahead_starts[0] == self.stream_pos:  # the gap is filled
-                    held = self.ahead[self.stream_pos]
-                    self._append(held)  # (if a failed batch raises here, the held write stays held)
-                    del self.ahead[self._ahead_starts.pop(0)]
-                    self.ahead_len -= len(held)
+                self._join_ahead()
             elif self.streaming and offset > self.stream_pos and not self.overlay and self._hold(offset, bytes(data)):
                 pass
             else:

@@ -121,3 +121,24 @@ def test_abort_drops_held_writes(store):
         assert s.read(0, 10_000) == b"x" * 1000
     assert _content(store, b"f") == b"x" * 1000
 
+
+
+@pytest.mark.parametrize("cover", ["whole", "part"])
+def test_an_append_over_a_held_write_wins(store, cover):
+    """A write held ahead of the stream, then an append that covers it (all of it, or its
+    head): the append is the newer write, so its bytes are the file's (found by the model
+    test: the held bytes came back on top after the session left the fast path)."""
+    ino = store.create(ROOT_INO, b"f").ino
+    old, new = b"o" * 1000, b"n" * (3000 if cover == "whole" else 1500)
+    with store.open_session(ino) as s:
+        s.write(1000, old)  # held: 1000..2000
+        s.write(0, new)  # the stream reaches past it (or into it)
+        want = new + (old[len(new) - 1000:] if cover == "part" else b"")
+        assert s.read(0, 5000) == want  # a read leaves the fast path: the held bytes must not come back
+        s.commit()
+    assert _content(store, b"f") == want
+    with store.open_session(ino) as s:
+        s.write(1000, old)
+        s.write(0, new)
+        s.commit()  # no read in between: commit from the stream
+    assert _content(store, b"f") == want
