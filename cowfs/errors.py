@@ -47,6 +47,10 @@ class InvalidArgument(CowfsError):
     errno = _errno.EINVAL
 
 
+class NotPermitted(CowfsError):
+    errno = _errno.EPERM
+
+
 class Busy(CowfsError):
     errno = _errno.EBUSY
 

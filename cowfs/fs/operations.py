@@ -265,7 +265,8 @@ class CowfsOperations(pyfuse3.Operations):
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.EPERM)  # hard links are not supported
+        ino, parent = self._live(inode), self._live(new_parent_inode)
+        return self._entry(LIVE_VIEW, await in_thread(self.store.link, ino, parent, new_name))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:

@@ -18,6 +18,7 @@ log = logging.getLogger("cowfs.events")
 VERSION = "version"            # a file's new content was committed (close, fsync, truncate, restore)
 RENAME = "rename"              # path moved from old_path
 REMOVE = "remove"              # a file, symlink or directory was removed from the live tree
+LINK = "link"                  # a hard link: path is a new name of an existing file
 SNAPSHOT = "snapshot"          # a snapshot was created
 SNAPSHOT_DELETE = "snapshot-delete"
 

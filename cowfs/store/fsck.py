@@ -269,8 +269,9 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
         f" (SELECT 1 FROM versions v WHERE v.ino=d.parent AND v.death_gen={LIVE} AND v.mode & 0xF000 = 0x4000)",
         "live entry {1!r} is in {0}, which is not a live directory")
     add("inode", f"SELECT v.ino, count(d.ino) FROM versions v LEFT JOIN dentries d ON d.ino=v.ino AND d.death_gen={LIVE}"
-        f" WHERE v.death_gen={LIVE} AND v.ino != {ROOT_INO} GROUP BY v.ino HAVING count(d.ino) != 1",
-        "live inode {0} has {1} live names (expected 1)")
+        f" WHERE v.death_gen={LIVE} AND v.ino != {ROOT_INO} GROUP BY v.ino"
+        " HAVING count(d.ino) = 0 OR (count(d.ino) > 1 AND v.mode & 0xF000 = 0x4000)",
+        "live inode {0} has {1} live names (a directory has 1, a file at least 1)")
     add("inode", f"SELECT ino, count(*) FROM versions WHERE death_gen={LIVE} GROUP BY ino HAVING count(*) > 1",
         "inode {0} has {1} live versions")
     add("inode", f"SELECT v.ino, v.nlink, {NLINK_LIVE} AS n FROM versions v WHERE v.death_gen={LIVE} AND v.nlink != n",
@@ -291,9 +292,10 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
             report.problems.append(Problem("version", f"version {vid} has extents that are not contiguous"))
 
 
-# what a live version's nlink must be: a directory's 2 + its live subdirectories, otherwise 1
+# what a live version's nlink must be: a directory's 2 + its live subdirectories, otherwise its live names
 NLINK_LIVE = (f"(CASE WHEN v.mode & 0xF000 = 0x4000 THEN 2 + (SELECT count(*) FROM dentries d JOIN inodes i"
-              f" ON i.ino = d.ino WHERE d.parent = v.ino AND d.death_gen = {LIVE} AND i.kind = {KIND_DIR}) ELSE 1 END)")
+              f" ON i.ino = d.ino WHERE d.parent = v.ino AND d.death_gen = {LIVE} AND i.kind = {KIND_DIR})"
+              f" ELSE (SELECT count(*) FROM dentries d WHERE d.ino = v.ino AND d.death_gen = {LIVE}) END)")
 
 
 def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dict[bytes, Location]) -> None:

@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound
+from ..errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound, NotPermitted
 from .catalog import Txn
 from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
 
@@ -263,8 +263,29 @@ def _end_dentry(txn: Txn, parent: int, name: bytes) -> None:
 
 
 def _kill_entry(txn: Txn, parent: int, name: bytes, ino: int) -> None:
+    """End the entry; the inode goes with its last name (a file with other hard links keeps
+    its versions and loses one from its nlink)."""
     _end_dentry(txn, parent, name)
-    kill_inode(txn, ino)
+    row = live_version(txn, ino)
+    if row.nlink > 1 and not stat.S_ISDIR(row.mode):
+        new_version(txn, row, nlink=row.nlink - 1, ctime_ns=txn.now_ns)
+    else:
+        kill_inode(txn, ino)
+
+
+def link(txn: Txn, ino: int, new_parent: int, new_name: bytes) -> None:
+    """A new name for an existing file or symlink (a hard link): the inode's versions are
+    seen through every name; its nlink counts them."""
+    check_name(new_name)
+    _live_dir(txn, new_parent)
+    row = live_version(txn, ino)
+    if stat.S_ISDIR(row.mode):
+        raise NotPermitted("hard links to directories are not allowed")
+    if live_child(txn, new_parent, new_name) is not None:
+        raise Exists(f"{new_name.decode(errors='replace')}: already exists")
+    txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))
+    new_version(txn, row, nlink=row.nlink + 1, ctime_ns=txn.now_ns)
+    touch(txn, new_parent)
 
 
 def unlink(txn: Txn, parent: int, name: bytes) -> int:

@@ -91,7 +91,7 @@ CREATE TABLE versions (
   content_id INTEGER,                  -- regular files: contents.content_id
   target     BLOB,                     -- symlinks: the link target
   data_gen   INTEGER NOT NULL,         -- generation that wrote this body (metadata-only versions keep the old one)
-  nlink      INTEGER NOT NULL DEFAULT 1  -- st_nlink: directories 2 + their subdirectories, others 1
+  nlink      INTEGER NOT NULL DEFAULT 1  -- st_nlink: directories 2 + their subdirectories, others their names
 );
 CREATE INDEX versions_ino ON versions(ino, death_gen);
 CREATE INDEX versions_content ON versions(content_id) WHERE content_id IS NOT NULL;

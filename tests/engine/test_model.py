@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cowfs.store.session as session_mod
-from cowfs.errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound
+from cowfs.errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound, NotPermitted
 from cowfs.store import ROOT_INO, Store
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -91,6 +91,7 @@ class Snap:
     def __init__(self, gen: int, files: dict[str, bytearray], dirs: set[str]) -> None:
         self.gen = gen
         self.files = {p: bytes(b) for p, b in files.items()}
+        self.nlinks = {p: sum(1 for o in files.values() if o is b) for p, b in files.items()}
         self.dirs = set(dirs)
 
 
@@ -120,6 +121,10 @@ class StoreMachine(RuleBasedStateMachine):
         names = [name_of(p) for p in list(files) + list(dirs) if p != "/" and parent_of(p) == d]
         return sorted(n.encode() for n in names)
 
+    def links(self, path: str) -> int:
+        """A file's link count in the model: the paths that share its bytearray (hard links)."""
+        return sum(1 for b in self.files.values() if b is self.files[path])
+
     def nlink(self, d: str, dirs: set[str] | None = None) -> int:
         """A directory's link count in the model: 2 + its subdirectories."""
         dirs = self.dirs if dirs is None else dirs
@@ -138,6 +143,8 @@ class StoreMachine(RuleBasedStateMachine):
             for path, want in snap.files.items():
                 got = self.store.read_file(path, gen=snap.gen)
                 assert got == want, f"snapshot {name} (gen {snap.gen}) {path}: differs from the model"
+                nlink = self.store.resolve(path, snap.gen).nlink
+                assert nlink == snap.nlinks[path], f"snapshot {name}: {path} has nlink {nlink}, model {snap.nlinks[path]}"
             for d in snap.dirs:
                 names = [n for n, _ in self.store.readdir(self.ino(d, snap.gen), gen=snap.gen)]
                 assert names == self.children(d, snap.files, snap.dirs), f"snapshot {name}: readdir {d}"
@@ -259,6 +266,27 @@ class StoreMachine(RuleBasedStateMachine):
         except NotFound:
             pass
 
+    @precondition(lambda self: self.files)
+    @rule(data=st.data())
+    def link(self, data: st.DataObject) -> None:
+        src = self.pick(data, self.entries(), "link to")
+        parent = self.pick(data, self.dirs, "parent")
+        path = join(parent, data.draw(st.sampled_from(FILE_NAMES), label="name"))
+        expect: type[Exception] | None = NotPermitted if src in self.dirs else None
+        if expect is None and (path in self.files or path in self.dirs):
+            expect = Exists
+        call = lambda: self.store.link(self.ino(src), self.ino(parent), name_of(path).encode())  # noqa: E731
+        if expect is not None:
+            try:
+                call()
+                raise AssertionError(f"link {src} -> {path}: expected {expect.__name__}")
+            except expect:
+                return
+        attr = call()
+        self.files[path] = self.files[src]  # one inode, two names: the same bytearray
+        assert attr.nlink == self.links(src) and self.ino(path) == self.ino(src)
+        self.check_file(path)
+
     @precondition(lambda self: self.files or len(self.dirs) > 1)
     @rule(data=st.data())
     def rmdir(self, data: st.DataObject) -> None:
@@ -290,8 +318,8 @@ class StoreMachine(RuleBasedStateMachine):
         expect: type[Exception] | None = None
         if src_is_dir and is_under(dst_parent, src):
             expect = InvalidArgument
-        elif dst == src:
-            expect = None
+        elif dst == src or (src in self.files and dst in self.files and self.files[src] is self.files[dst]):
+            expect = None  # a name, or two names of one inode: nothing changes
         elif dst_exists and noreplace:
             expect = Exists
         elif dst_exists and src_is_dir and dst in self.files:
@@ -310,7 +338,7 @@ class StoreMachine(RuleBasedStateMachine):
             except expect:
                 return
         call()
-        if dst == src:
+        if dst == src or (src in self.files and dst in self.files and self.files[src] is self.files[dst]):
             return
         # the replaced target (a file or an empty directory) disappears
         self.files.pop(dst, None)
@@ -350,7 +378,8 @@ class StoreMachine(RuleBasedStateMachine):
         writes, truncates, reads, intermediate commits; ends in commit, abort or close."""
         path = self.pick(data, self.files, "file")
         ino = self.ino(path)
-        committed = bytearray(self.files[path])
+        model = self.files[path]  # changed in place: every hard link of the file shares it
+        committed = bytearray(model)
         view = bytearray(committed)  # the session's pending state
         with self.store.open_session(ino) as s:
             assert s.size == len(view)
@@ -389,7 +418,7 @@ class StoreMachine(RuleBasedStateMachine):
                 else:
                     s.commit()
                     committed = bytearray(view)
-                    self.files[path] = committed
+                    model[:] = committed
                     self.check_file(path)
                 assert s.size == len(view)
             assert s.read(0, len(view) + 1) == view, f"{path}: session view differs from the model"
@@ -397,7 +426,7 @@ class StoreMachine(RuleBasedStateMachine):
             note(f"session on {path}: appends to {pos}, ops {ops}, end {end}")
             if end == "commit":
                 s.commit()
-                self.files[path] = view
+                model[:] = view
             elif end == "abort":
                 s.abort()  # back at the last committed version; the session stays usable
                 assert s.size == len(committed), f"{path}: session size {s.size} after abort"
@@ -408,7 +437,7 @@ class StoreMachine(RuleBasedStateMachine):
                     s.write(off, chunk)
                     s.commit()
                     put(committed, off, chunk)
-                    self.files[path] = committed
+                    model[:] = committed
         self.check_file(path)  # an aborted or closed session's writes vanish
 
     @precondition(lambda self: self.files)
@@ -416,7 +445,10 @@ class StoreMachine(RuleBasedStateMachine):
     def session_outlives_its_file(self, data: st.DataObject, commit_first: bool, replace: bool) -> None:
         """The file under an open session is unlinked (or renamed over); expire_history + gc
         must not take the session's view away; its commit then stores nothing (None)."""
-        path = self.pick(data, self.files, "file")
+        single = [p for p in self.files if self.links(p) == 1]  # unlinking it removes the inode
+        if not single:
+            return
+        path = self.pick(data, single, "file")
         others = sorted(set(self.files) - {path})
         view = bytearray(self.files[path])
         with self.store.open_session(self.ino(path)) as s:
@@ -506,7 +538,7 @@ class StoreMachine(RuleBasedStateMachine):
                 p = join(d, n.decode())
                 if p in self.files:
                     assert attr.is_file and attr.size == len(self.files[p]), f"{p}: stat size {attr.size}"
-                    assert attr.nlink == 1, f"{p}: nlink {attr.nlink}"
+                    assert attr.nlink == self.links(p), f"{p}: nlink {attr.nlink}, model {self.links(p)}"
                 else:
                     assert attr.is_dir, f"{p}: expected a directory"
                     assert attr.nlink == self.nlink(p), f"{p}: nlink {attr.nlink}, model {self.nlink(p)}"

@@ -222,3 +222,34 @@ def test_a_created_file_is_durable_at_close_without_a_fsync_of_its_own(store_pat
     with Store.open(store_path) as s:
         assert s.read_file("/written") == b"x" * 5000 + b"y" and s.read_file("/empty") == b""
     assert_clean(store_path)
+
+
+def test_hard_links(store_path, tmp_path):
+    """ln, cp -al and rsync -H need link(): one inode, several names, the same versions
+    through each; unlink of one name keeps the others; snapshots keep the links."""
+    with mounted(store_path, tmp_path / "mnt") as m:
+        (m / "run").mkdir()
+        (m / "run" / "ckpt.pt").write_bytes(b"v1")
+        os.link(m / "run" / "ckpt.pt", m / "best.pt")  # across directories
+        a, b = os.stat(m / "run" / "ckpt.pt"), os.stat(m / "best.pt")
+        assert a.st_ino == b.st_ino and a.st_nlink == b.st_nlink == 2
+        with open(m / "best.pt", "r+b") as f:  # a new version through one name ...
+            f.write(b"V2")
+        assert (m / "run" / "ckpt.pt").read_bytes() == b"V2"  # ... is the other's too
+        os.mkdir(m / ".snapshots" / "s")
+        with pytest.raises(FileExistsError):
+            os.link(m / "best.pt", m / "run" / "ckpt.pt")
+        with pytest.raises(PermissionError):
+            os.link(m / "run", m / "run2")  # never a directory
+        os.rename(m / "best.pt", m / "run" / "ckpt.pt")  # two names of one inode: nothing happens
+        assert sorted(os.listdir(m)) == ["best.pt", "run"]
+        os.unlink(m / "run" / "ckpt.pt")
+        assert (m / "best.pt").read_bytes() == b"V2" and os.stat(m / "best.pt").st_nlink == 1
+        (m / "other").write_bytes(b"o")
+        os.link(m / "other", m / "other2")
+        os.rename(m / "best.pt", m / "other")  # over one name of a linked file: the other keeps it
+        assert (m / "other2").read_bytes() == b"o" and os.stat(m / "other2").st_nlink == 1
+        snap = m / ".snapshots" / "s"
+        assert os.stat(snap / "best.pt").st_ino == os.stat(snap / "run" / "ckpt.pt").st_ino
+        assert os.stat(snap / "best.pt").st_nlink == 2 and (snap / "best.pt").read_bytes() == b"V2"
+    assert_clean(store_path)

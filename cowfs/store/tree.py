@@ -1,0 +1,133 @@
+"""Changes to the tree (create, mkdir, symlink, link, unlink, rmdir, rename, setattr): one
+catalog transaction each (namespace.py), with the events that name them. A part of Store."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from ..errors import InvalidArgument, IsADirectory
+from . import events as ev
+from . import namespace as ns
+from .catalog import Txn
+from .commit import path_in
+from .events import Event
+from .namespace import Attr
+from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK
+
+if TYPE_CHECKING:
+    from .session import SessionHandle, WriteSession
+
+T = TypeVar("T")
+
+
+class TreeChanges:
+    """The tree-changing methods of Store (which provides what is declared here)."""
+
+    if TYPE_CHECKING:
+        _sessions: dict[int, WriteSession]
+
+        def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None,
+                    durable: bool = True) -> T: ...
+
+        def getattr(self, ino: int, gen: int | None = None) -> Attr: ...
+
+        def open_session(self, ino: int) -> SessionHandle: ...
+
+    def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
+        return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
+
+    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None, target: bytes | None = None, durable: bool = True) -> Attr:
+        u, g = self._ids(uid, gid)
+
+        def fn(txn: Txn) -> Attr:
+            ino = ns.make_node(txn, parent, name, kind, mode, u, g, target)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        return self._change(op, fn, durable=durable)
+
+    def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None, durable: bool = True) -> Attr:
+        """A new empty regular file; not `durable`: see Catalog.write (the file's first version makes it durable)."""
+        return self._make("create", parent, name, KIND_FILE, mode, uid, gid, durable=durable)
+
+    def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> Attr:
+        return self._make("mkdir", parent, name, KIND_DIR, mode, uid, gid)
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int | None = None, gid: int | None = None) -> Attr:
+        if not target or b"\0" in target:
+            raise InvalidArgument("invalid symlink target")
+        return self._make("symlink", parent, name, KIND_SYMLINK, 0o777, uid, gid, target)
+
+    def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
+        """A hard link: `new_name` in `new_parent` names file (or symlink) `ino` too."""
+
+        def fn(txn: Txn) -> Attr:
+            ns.link(txn, ino, new_parent, new_name)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        def describe(txn: Txn, attr: Attr) -> list[Event]:
+            return [Event(ev.LINK, txn.gen, txn.now_ns, path_in(txn, new_parent, new_name),
+                          size=attr.size if attr.is_file else None)]
+
+        attr = self._change("link", fn, describe)
+        session = self._sessions.get(ino)
+        return _with_size(attr, session.size) if session is not None and session.size != attr.size else attr
+
+    def unlink(self, parent: int, name: bytes) -> int:
+        return self._change("unlink", lambda t: ns.unlink(t, parent, name),
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, path_in(t, parent, name))])
+
+    def rmdir(self, parent: int, name: bytes) -> int:
+        return self._change("rmdir", lambda t: ns.rmdir(t, parent, name),
+                            lambda t, _: [Event(ev.REMOVE, t.gen, t.now_ns, path_in(t, parent, name))])
+
+    def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool = False) -> int | None:
+        writing = frozenset(self._sessions)
+
+        def describe(txn: Txn, _replaced: int | None) -> list[Event]:
+            moved = ns.lookup(txn.conn, new_parent, new_name, txn.gen)
+            return [Event(ev.RENAME, txn.gen, txn.now_ns, path_in(txn, new_parent, new_name), path_in(txn, parent, name),
+                          size=moved.size if moved.is_file else None)]
+
+        return self._change("rename", lambda t: ns.rename(t, parent, name, new_parent, new_name, noreplace, writing), describe)
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+        size: int | None = None,
+    ) -> Attr:
+        """chmod/chown/utimens, and truncate when `size` is given (a new version)."""
+        if size is not None:
+            attr = self.getattr(ino)
+            if attr.is_dir:
+                raise IsADirectory("cannot truncate a directory")
+            if not attr.is_file:
+                raise InvalidArgument("can only truncate regular files")
+            session = self._sessions.get(ino)
+            if session is not None:
+                session.truncate(size)
+            elif size != attr.size:
+                with self.open_session(ino) as s:
+                    s.truncate(size)
+                    s.commit()
+        if mode is None and uid is None and gid is None and mtime_ns is None and size is None:
+            return self.getattr(ino)
+
+        def fn(txn: Txn) -> Attr:
+            ns.setattr_(txn, ino, mode, uid, gid, mtime_ns)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        attr = self._change("setattr", fn)
+        session = self._sessions.get(ino)
+        if session is not None and session.size != attr.size:
+            attr = _with_size(attr, session.size)
+        return attr
+
+
+def _with_size(attr: Attr, size: int) -> Attr:
+    return replace(attr, size=size)
