@@ -87,16 +87,6 @@ def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> VersionRow | No
     return None if row is None else VersionRow(*row)
 
 
-def subdirs(conn: sqlite3.Connection, ino: int, gen: int) -> int:
-    """Count the subdirectories of `ino` as of `gen` (a scan of its entries: fsck and the
-    upgrade use it; stat reads the nlink kept in the version row)."""
-    return conn.execute(
-        "SELECT count(*) FROM dentries d JOIN inodes i ON i.ino = d.ino"
-        " WHERE d.parent=? AND d.birth_gen<=? AND d.death_gen>? AND i.kind=?",
-        (ino, gen, gen, KIND_DIR),
-    ).fetchone()[0]
-
-
 def attr_from_row(conn: sqlite3.Connection, row: VersionRow, gen: int) -> Attr:
     return Attr(row.ino, row.mode, row.size, row.uid, row.gid, row.mtime_ns, row.ctime_ns, row.nlink, row.vid,
                 row.birth_gen, row.data_gen, row.content_id)
