@@ -69,9 +69,7 @@ class TreeChanges:
             return [Event(ev.LINK, txn.gen, txn.now_ns, path_in(txn, new_parent, new_name),
                           size=attr.size if attr.is_file else None)]
 
-        attr = self._change("link", fn, describe)
-        session = self._sessions.get(ino)
-        return _with_size(attr, session.size) if session is not None and session.size != attr.size else attr
+        return self._with_session_size(self._change("link", fn, describe))
 
     def unlink(self, parent: int, name: bytes) -> int:
         return self._change("unlink", lambda t: ns.unlink(t, parent, name),
@@ -122,12 +120,9 @@ class TreeChanges:
             ns.setattr_(txn, ino, mode, uid, gid, mtime_ns)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
-        attr = self._change("setattr", fn)
-        session = self._sessions.get(ino)
-        if session is not None and session.size != attr.size:
-            attr = _with_size(attr, session.size)
-        return attr
+        return self._with_session_size(self._change("setattr", fn))
 
-
-def _with_size(attr: Attr, size: int) -> Attr:
-    return replace(attr, size=size)
+    def _with_session_size(self, attr: Attr) -> Attr:
+        """`attr` as the caller sees the file: with the size of its open write session, if any."""
+        session = self._sessions.get(attr.ino)
+        return replace(attr, size=session.size) if session is not None and session.size != attr.size else attr

@@ -42,3 +42,15 @@ def test_link_unlink_rename_keep_the_inode_and_its_count(store_path):
         assert s.read_file("/g") == data(200_000, 2)
         assert s.read_file("/d/a", snap) == data(200_000, 2)
     assert_clean(path)
+
+
+def test_a_link_is_published_as_a_link_event(store_path):
+    with Store.open(store_path) as s:
+        f = s.write_file("/a", b"12345")
+        got = []
+        stop = s.events.subscribe(got.append)
+        s.link(f.ino, ROOT_INO, b"b")
+        s.write_file("/b", b"678")  # a version of the inode: every name of it is told
+        stop()
+        assert (got[0].kind, got[0].path, got[0].size) == ("link", "/b", 5)
+        assert sorted((e.kind, e.path, e.size) for e in got[1:]) == [("version", "/a", 3), ("version", "/b", 3)]
