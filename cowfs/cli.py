@@ -283,7 +283,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
                  auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
-                 compact_idle=args.compact_idle, workers=args.workers)
+                 compact_idle=args.compact_idle, workers=args.workers,
+                 vfs_options=getattr(args, "vfs_options", ()))  # set by mount.cowfs (mount_helper.py)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pyfuse3
 import trio
@@ -171,9 +172,10 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
                writeback_cache: bool | None = None, compact_idle: float | None = None,
-               workers: int | None = None) -> int:
+               workers: int | None = None, vfs_options: Sequence[str] = ()) -> int:
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
-    `writeback_cache` None: CowfsOperations' default."""
+    `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
+    libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
     store = Store.open(store_path, workers=workers)
     try:
         _setup_logging(store.root, foreground, debug)
@@ -185,6 +187,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         options |= {f"fsname={FSNAME_PREFIX}{store.root}".replace("\\", "\\\\").replace(",", "\\,"), "subtype=cowfs"}
         if allow_other:
             options.add("allow_other")
+        options |= set(vfs_options)
         pyfuse3.init(ops, str(mountpoint), options)
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
@@ -200,7 +203,8 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
 
 def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
           auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool | None = None,
-          compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None) -> int:
+          compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None,
+          vfs_options: Sequence[str] = ()) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
     interval = parse_duration(auto_snapshot) if auto_snapshot else None
@@ -214,7 +218,8 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     check_mount_inputs(store_path, mnt)
     if foreground:
         return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
-                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers)
+                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers,
+                          vfs_options=vfs_options)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -226,7 +231,8 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         code = 0
         try:
             run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
-                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle, workers=workers)
+                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle, workers=workers,
+                       vfs_options=vfs_options)
         except BaseException as e:  # tell the parent, in one line
             code = 2
             try:
