@@ -193,7 +193,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         entries = t.call("ls", path=args.path, **_as_of(args))
     for e in entries:
-        kind = {"dir": "d", "symlink": "l"}.get(e["kind"], "-")
+        kind = {"dir": "d", "symlink": "l", "fifo": "p", "socket": "s", "char": "c", "block": "b"}.get(e["kind"], "-")
         print(f"{kind}{e['mode']:04o} {e['size']:>12} {_time(e['mtime_ns'])} {e['name']}")
     return 0
 

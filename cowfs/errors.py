@@ -51,6 +51,10 @@ class NotPermitted(CowfsError):
     errno = _errno.EPERM
 
 
+class NoAttribute(CowfsError):
+    errno = _errno.ENODATA
+
+
 class Busy(CowfsError):
     errno = _errno.EBUSY
 

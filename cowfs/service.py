@@ -94,7 +94,7 @@ def ls(store: Store, path: str, snapshot: str | None = None, generation: int | N
     attr = store.resolve(path, gen)
     entries = store.readdir(attr.ino, gen) if attr.is_dir else [(path.rstrip("/").rsplit("/", 1)[-1].encode(), attr)]
     return [
-        {"name": name.decode(errors="surrogateescape"), "kind": "dir" if a.is_dir else "symlink" if a.is_symlink else "file",
+        {"name": name.decode(errors="surrogateescape"), "kind": a.kind,
          "mode": a.mode & 0o7777, "size": a.size, "mtime_ns": a.mtime_ns}
         for name, a in entries
     ]

@@ -25,6 +25,7 @@ from .dispatch import in_thread, translate_errors, wait_future
 from .corrupt_log import CorruptLog
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
+from .xattr_ops import XattrOperations
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
 
 log = logging.getLogger("cowfs.fs")
@@ -43,7 +44,7 @@ LIVE_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 300.0
 
 
-class CowfsOperations(pyfuse3.Operations):
+class CowfsOperations(XattrOperations, pyfuse3.Operations):
     # Off by default (cowfs mount --writeback-cache turns it on): without it the kernel sends
     # a file's writes in the order the program made them, which keeps a checkpoint save on
     # the streaming path (chunked while it is written); with it, writeback reorders pages,
@@ -74,7 +75,7 @@ class CowfsOperations(pyfuse3.Operations):
         e.st_nlink = attr.nlink
         e.st_uid = attr.uid
         e.st_gid = attr.gid
-        e.st_rdev = 0
+        e.st_rdev = attr.rdev
         size = attr.size
         if view.live:
             session = self.handles.session(attr.ino)
@@ -83,7 +84,7 @@ class CowfsOperations(pyfuse3.Operations):
         e.st_size = size
         e.st_blksize = 1 << 16
         e.st_blocks = (size + 511) // 512
-        e.st_atime_ns = attr.mtime_ns
+        e.st_atime_ns = attr.atime_ns
         e.st_mtime_ns = attr.mtime_ns
         e.st_ctime_ns = attr.ctime_ns
         return e
@@ -158,15 +159,17 @@ class CowfsOperations(pyfuse3.Operations):
         uid = attr.st_uid if fields.update_uid else None
         gid = attr.st_gid if fields.update_gid else None
         mtime = attr.st_mtime_ns if fields.update_mtime else None
+        atime = attr.st_atime_ns if fields.update_atime else None
         session = self.handles.dirty_session(ino)
-        if mtime is not None and session is not None and mode is None and uid is None and gid is None:
+        if mtime is not None and session is not None and mode is None and uid is None and gid is None and atime is None:
             # the kernel's mtime update before a close (writeback cache): it goes into the
             # version the coming FLUSH commits, not into a catalog transaction of its own
             session.mtime_ns = mtime
             mtime = None
         try:
-            if mode is not None or uid is not None or gid is not None or mtime is not None:
-                new = await in_thread(lambda: self.store.setattr(ino, mode=mode, uid=uid, gid=gid, mtime_ns=mtime))
+            if mode is not None or uid is not None or gid is not None or mtime is not None or atime is not None:
+                new = await in_thread(lambda: self.store.setattr(ino, mode=mode, uid=uid, gid=gid, mtime_ns=mtime,
+                                                                 atime_ns=atime))
             else:
                 new = self.store.getattr(ino)
         except NotFound:
@@ -270,10 +273,12 @@ class CowfsOperations(pyfuse3.Operations):
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        if not stat.S_ISREG(mode):
-            raise pyfuse3.FUSEError(errno.EPERM)  # only regular files
         parent = self._live(parent_inode)
-        attr = await in_thread(self.store.create, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
+        perms = mode & 0o7777 & ~ctx.umask
+        if stat.S_ISREG(mode):
+            attr = await in_thread(self.store.create, parent, name, perms, ctx.uid, ctx.gid)
+        else:  # a fifo, socket or device node: metadata only
+            attr = await in_thread(self.store.mknod, parent, name, stat.S_IFMT(mode) | perms, rdev, ctx.uid, ctx.gid)
         return self._entry(LIVE_VIEW, attr)
 
     # -- files -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sqlite3
 import stat
 from dataclasses import dataclass, field
 
+from . import namespace as ns
 from .schema import ROOT_INO
 
 ADDED = "added"
@@ -28,14 +29,14 @@ class Node:
 
     @property
     def kind(self) -> str:
-        return "dir" if stat.S_ISDIR(self.mode) else "symlink" if stat.S_ISLNK(self.mode) else "file"
+        return ns.kind_name(self.mode)
 
 
 @dataclass(frozen=True)
 class DiffEntry:
     change: str            # added, removed, changed
     path: str
-    kind: str              # file, dir, symlink (of the B side, or A for removed)
+    kind: str              # file, dir, symlink, fifo, socket, char, block (of the B side, or A for removed)
     size_a: int | None     # None when absent on that side
     size_b: int | None
     shared_bytes: int      # bytes of the B side already held by the A tree (0 for removed)

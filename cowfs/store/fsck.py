@@ -19,13 +19,14 @@ import blake3
 
 from ..errors import CorruptCatalog, CorruptData, StoreError
 from . import namespace as ns
+from . import xattrs
 from .catalog import Txn, rebuild_catalog
 from .device import round_up
 from .layout import CATALOG_FILE, segment_path
 from .codecs import DELTA_CODECS, base_of
 from .log import Location, location
 from .records import CODEC_RAW, DATA_START, RecordError, decode_segment_header, record_span, scan_records
-from .schema import KIND_DIR, LIVE, ROOT_INO
+from .schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK, LIVE, ROOT_INO
 
 if TYPE_CHECKING:
     from .store import Store
@@ -276,6 +277,15 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
         "inode {0} has {1} live versions")
     add("inode", f"SELECT v.ino, v.nlink, {NLINK_LIVE} AS n FROM versions v WHERE v.death_gen={LIVE} AND v.nlink != n",
         "inode {0} has link count {1}, its live entries give {2}")
+    add("inode", "SELECT v.vid, v.ino, i.kind, v.mode FROM versions v JOIN inodes i ON i.ino = v.ino WHERE NOT"
+        f" ({KIND_MODE_MATCH})", "version {0} of inode {1} (kind {2}) has file type bits {3:o}")
+    add("version", "SELECT vid, ino FROM versions WHERE content_id IS NOT NULL AND mode & 0xF000 != 0x8000",
+        "version {0} of inode {1} has a body but is not a regular file")
+    for vid, ino, blob in conn.execute("SELECT vid, ino, xattrs FROM versions WHERE xattrs IS NOT NULL"):
+        try:
+            xattrs.decode(blob)
+        except ValueError as e:
+            report.problems.append(Problem("version", f"version {vid} of inode {ino}: extended attributes do not decode ({e})"))
     gen = ns.current_gen(conn)
     add("snapshot", f"SELECT name, gen FROM snapshots WHERE gen > {gen}", "snapshot {0!r} pins future generation {1}")
     if conn.execute(f"SELECT 1 FROM versions WHERE ino={ROOT_INO} AND death_gen={LIVE}").fetchone() is None:
@@ -291,6 +301,11 @@ def _check_references(conn: sqlite3.Connection, report: FsckReport) -> None:
         ).fetchone()[0]:
             report.problems.append(Problem("version", f"version {vid} has extents that are not contiguous"))
 
+
+# an inode's kind and its versions' file type bits agree (regular, directory, symlink, or one of the special types)
+KIND_MODE_MATCH = (f"(i.kind = {KIND_FILE} AND v.mode & 0xF000 = 0x8000) OR (i.kind = {KIND_DIR} AND v.mode & 0xF000 = 0x4000)"
+                   f" OR (i.kind = {KIND_SYMLINK} AND v.mode & 0xF000 = 0xA000) OR (i.kind = {KIND_SPECIAL}"
+                   " AND v.mode & 0xF000 IN (0x1000, 0x2000, 0x6000, 0xC000))")
 
 # what a live version's nlink must be: a directory's 2 + its live subdirectories, otherwise its live names
 NLINK_LIVE = (f"(CASE WHEN v.mode & 0xF000 = 0x4000 THEN 2 + (SELECT count(*) FROM dentries d JOIN inodes i"
@@ -358,7 +373,7 @@ def _repair(store: "Store", report: FsckReport, bad: dict[int, str], copies: dic
             if prev is not None:
                 txn.execute(
                     f"INSERT INTO versions({ns.VERSION_COLS}) SELECT NULL, ino, ?, ?, size, mode, uid, gid, mtime_ns,"
-                    " ?, content_id, target, data_gen, nlink FROM versions WHERE vid=?",
+                    " ?, content_id, target, data_gen, nlink, atime_ns, rdev, xattrs FROM versions WHERE vid=?",
                     (txn.gen, LIVE, txn.now_ns, prev[0]),
                 )
                 done.append(f"{paths}: reverted to its newest intact version {prev[0]}")

@@ -38,21 +38,28 @@ def added_bytes(conn: sqlite3.Connection, gen: int, content_id: int) -> int:
 
 def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[VersionInfo]:
     """Content versions, newest first, of an inode or of a path (across every inode
-    that was ever named so: write-to-temp-then-rename keeps one history)."""
+    that was ever named so: write-to-temp-then-rename keeps one history). The rows of one
+    body (a commit, then metadata changes: chmod, rename, link...) are one version, from the
+    commit until the body was replaced."""
     inos = [target] if isinstance(target, int) else ns.inodes_ever_at(conn, target)
     rows = conn.execute(
-        "SELECT v.vid, v.birth_gen, v.death_gen, g.time_ns, v.size, v.mode, v.content_id, v.data_gen"
+        "SELECT v.ino, v.data_gen, v.vid, v.birth_gen, v.death_gen, g.time_ns, g.op, v.size, v.mode, v.content_id"
         " FROM versions v LEFT JOIN generations g ON g.gen = v.birth_gen"
-        " WHERE v.ino IN (%s) AND (v.data_gen = v.birth_gen OR v.death_gen = ?)"
-        # the empty body a create makes before the first write is not a version anyone saved
-        " AND NOT (v.size = 0 AND g.op = 'create' AND v.death_gen != ?)"
-        " ORDER BY v.birth_gen DESC" % ",".join("?" * len(inos)),
-        (*inos, LIVE, LIVE),
+        " WHERE v.ino IN (%s) ORDER BY v.ino, v.birth_gen" % ",".join("?" * len(inos)),
+        inos,
     ).fetchall()
+    bodies: dict[tuple[int, int], list[tuple]] = {}
+    for row in rows:
+        bodies.setdefault((row[0], row[1]), []).append(row)
     out = []
-    for vid, birth, death, t, size, mode, content_id, data_gen in rows:
+    for group in bodies.values():
+        _ino, data_gen, vid, birth, _death, t, op, size, mode, content_id = group[0]
+        death = group[-1][4]
+        if size == 0 and op == "create" and death != LIVE:
+            continue  # the empty body a create makes before the first write is not a version anyone saved
         new, stored = added(conn, data_gen, content_id) if content_id is not None and data_gen == birth else (0, 0)
         out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, new, stored))
+    out.sort(key=lambda v: v.birth_gen, reverse=True)
     return out
 
 

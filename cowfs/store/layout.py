@@ -18,8 +18,8 @@ from pathlib import Path
 from ..errors import StoreError
 
 FORMAT_NAME = "cowfs-store"
-FORMAT_VERSION = 4  # 2: encoded records and their catalog columns; 3: lineage by generation; 4: versions.nlink;
-# `cowfs upgrade` migrates 1, 2, 3
+FORMAT_VERSION = 5  # 2: encoded records and their catalog columns; 3: lineage by generation; 4: versions.nlink;
+# 5: atime, rdev, xattrs and special files in the catalog; `cowfs upgrade` migrates versions 1-4
 OLDEST_UPGRADABLE = 1
 CONFIG_FILE = "cowfs-store.json"
 CATALOG_FILE = "catalog.db"

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound, NotPermitted
 from .catalog import Txn
-from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK, LIVE, ROOT_INO
+from .schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK, LIVE, ROOT_INO
 
 
 
@@ -33,6 +33,9 @@ class VersionRow(NamedTuple):
     target: bytes | None
     data_gen: int
     nlink: int
+    atime_ns: int
+    rdev: int
+    xattrs: bytes | None
 
 
 VERSION_COLS = ", ".join(VersionRow._fields)
@@ -55,6 +58,8 @@ class Attr:
     birth_gen: int
     data_gen: int
     content_id: int | None
+    atime_ns: int = 0
+    rdev: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -67,6 +72,19 @@ class Attr:
     @property
     def is_symlink(self) -> bool:
         return stat.S_ISLNK(self.mode)
+
+    @property
+    def kind(self) -> str:
+        return kind_name(self.mode)
+
+
+KIND_NAMES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
+              stat.S_IFSOCK: "socket", stat.S_IFCHR: "char", stat.S_IFBLK: "block"}
+
+
+def kind_name(mode: int) -> str:
+    """What `cowfs ls` and `diff` call an inode of this mode."""
+    return KIND_NAMES.get(stat.S_IFMT(mode), "file")
 
 
 def current_gen(conn: sqlite3.Connection) -> int:
@@ -89,14 +107,18 @@ def version_row(conn: sqlite3.Connection, ino: int, gen: int) -> VersionRow | No
 
 def attr_from_row(conn: sqlite3.Connection, row: VersionRow, gen: int) -> Attr:
     return Attr(row.ino, row.mode, row.size, row.uid, row.gid, row.mtime_ns, row.ctime_ns, row.nlink, row.vid,
-                row.birth_gen, row.data_gen, row.content_id)
+                row.birth_gen, row.data_gen, row.content_id, row.atime_ns, row.rdev)
 
 
-def getattr_(conn: sqlite3.Connection, ino: int, gen: int) -> Attr:
+def version_row_or_fail(conn: sqlite3.Connection, ino: int, gen: int) -> VersionRow:
     row = version_row(conn, ino, gen)
     if row is None:
         raise NotFound(f"inode {ino} does not exist")
-    return attr_from_row(conn, row, gen)
+    return row
+
+
+def getattr_(conn: sqlite3.Connection, ino: int, gen: int) -> Attr:
+    return attr_from_row(conn, version_row_or_fail(conn, ino, gen), gen)
 
 
 def lookup(conn: sqlite3.Connection, parent: int, name: bytes, gen: int) -> Attr:
@@ -226,18 +248,41 @@ def has_children(txn: Txn, ino: int) -> bool:
     return txn.execute("SELECT 1 FROM dentries WHERE parent=? AND death_gen=? LIMIT 1", (ino, LIVE)).fetchone() is not None
 
 
-def make_node(txn: Txn, parent: int, name: bytes, kind: int, mode: int, uid: int, gid: int, target: bytes | None = None) -> int:
+SPECIAL_TYPES = (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
+_FILE_TYPES = {KIND_FILE: stat.S_IFREG, KIND_DIR: stat.S_IFDIR, KIND_SYMLINK: stat.S_IFLNK}
+
+
+def make_node(txn: Txn, parent: int, name: bytes, kind: int, mode: int, uid: int, gid: int, target: bytes | None = None,
+              rdev: int = 0) -> int:
+    """A new inode named `name` in `parent`. KIND_SPECIAL: `mode` carries the type (fifo, socket,
+    character or block device; `rdev` the device number); other kinds set it from `kind`. In a
+    set-group-ID directory the new inode takes the directory's group, and a new directory its
+    set-group-ID bit (as on ext4; a caller outside the group keeps the bit on a file: cowfs does
+    not know the caller's groups)."""
     check_name(name)
-    _live_dir(txn, parent)
+    dir_row = _live_dir(txn, parent)
     if live_child(txn, parent, name) is not None:
         raise Exists(f"{name.decode(errors='replace')}: already exists")
-    ftype = {KIND_FILE: stat.S_IFREG, KIND_DIR: stat.S_IFDIR, KIND_SYMLINK: stat.S_IFLNK}[kind]
+    if kind == KIND_SPECIAL:
+        ftype = stat.S_IFMT(mode)
+        if ftype not in SPECIAL_TYPES:
+            raise InvalidArgument(f"not a fifo, socket or device node (mode {mode:o})")
+    else:
+        ftype = _FILE_TYPES[kind]
+    if not stat.S_ISCHR(ftype) and not stat.S_ISBLK(ftype):
+        rdev = 0
+    perms = mode & 0o7777
+    if dir_row.mode & stat.S_ISGID:
+        gid = dir_row.gid
+        if kind == KIND_DIR:
+            perms |= stat.S_ISGID
     ino = int(txn.execute("INSERT INTO inodes(kind, birth_gen) VALUES (?, ?)", (kind, txn.gen)).lastrowid)
     size = len(target) if target is not None else 0
+    now = txn.now_ns
     txn.execute(
-        f"INSERT INTO versions({VERSION_COLS}) VALUES (NULL,?,?,?,?,?,?,?,?,?,NULL,?,?,?)",
-        (ino, txn.gen, LIVE, size, ftype | (mode & 0o7777), uid, gid, txn.now_ns, txn.now_ns, target, txn.gen,
-         2 if kind == KIND_DIR else 1),
+        f"INSERT INTO versions({VERSION_COLS}) VALUES (NULL,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,NULL)",
+        (ino, txn.gen, LIVE, size, ftype | perms, uid, gid, now, now, target, txn.gen,
+         2 if kind == KIND_DIR else 1, now, rdev),
     )
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (parent, name, ino, txn.gen, LIVE))
     touch(txn, parent, 1 if kind == KIND_DIR else 0)
@@ -353,6 +398,7 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
         _kill_entry(txn, new_parent, new_name, old)
     _end_dentry(txn, parent, name)
     txn.execute("INSERT INTO dentries VALUES (?,?,?,?,?)", (new_parent, new_name, ino, txn.gen, LIVE))
+    new_version(txn, live_version(txn, ino), ctime_ns=txn.now_ns)  # as ext4: a rename changes the inode's ctime
     # subdirectories gained and lost: the moved directory, and a directory it replaced
     moved = 1 if src_dir else 0
     replaced = 1 if old is not None and src_dir else 0
@@ -364,7 +410,8 @@ def rename(txn: Txn, parent: int, name: bytes, new_parent: int, new_name: bytes,
     return old
 
 
-def setattr_(txn: Txn, ino: int, mode: int | None, uid: int | None, gid: int | None, mtime_ns: int | None) -> None:
+def setattr_(txn: Txn, ino: int, mode: int | None, uid: int | None, gid: int | None, mtime_ns: int | None,
+             atime_ns: int | None = None) -> None:
     old = live_version(txn, ino)
     changes: dict[str, object] = {"ctime_ns": txn.now_ns}
     if mode is not None:
@@ -375,4 +422,6 @@ def setattr_(txn: Txn, ino: int, mode: int | None, uid: int | None, gid: int | N
         changes["gid"] = gid
     if mtime_ns is not None:
         changes["mtime_ns"] = mtime_ns
+    if atime_ns is not None:
+        changes["atime_ns"] = atime_ns
     new_version(txn, old, **changes)

@@ -5,14 +5,15 @@ birth_gen <= G < death_gen; live rows have death_gen = LIVE.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 4  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen;
-# 4: versions.nlink (upgrade.py migrates 1, 2 and 3)
+SCHEMA_VERSION = 5  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen;
+# 4: versions.nlink; 5: versions.atime_ns, rdev, xattrs and inodes of kind 4 (upgrade.py migrates versions 1-4)
 LIVE = (1 << 62)  # death_gen of rows that are still current
 ROOT_INO = 1
 
 KIND_FILE = 1
 KIND_DIR = 2
 KIND_SYMLINK = 3
+KIND_SPECIAL = 4  # a fifo, socket or device node (metadata only: the mode's type bits say which)
 
 SCHEMA = """
 CREATE TABLE meta (
@@ -73,7 +74,7 @@ CREATE INDEX extents_cid ON extents(cid) WHERE cid IS NOT NULL;
 
 CREATE TABLE inodes (
   ino       INTEGER PRIMARY KEY AUTOINCREMENT,  -- inode number, never reused, 1 is the root directory
-  kind      INTEGER NOT NULL,          -- 1 file, 2 directory, 3 symlink
+  kind      INTEGER NOT NULL,          -- 1 file, 2 directory, 3 symlink, 4 fifo, socket or device node
   birth_gen INTEGER NOT NULL           -- generation that created it
 );
 
@@ -91,7 +92,10 @@ CREATE TABLE versions (
   content_id INTEGER,                  -- regular files: contents.content_id
   target     BLOB,                     -- symlinks: the link target
   data_gen   INTEGER NOT NULL,         -- generation that wrote this body (metadata-only versions keep the old one)
-  nlink      INTEGER NOT NULL DEFAULT 1  -- st_nlink: directories 2 + their subdirectories, others their names
+  nlink      INTEGER NOT NULL DEFAULT 1, -- st_nlink: directories 2 + their subdirectories, others their names
+  atime_ns   INTEGER NOT NULL DEFAULT 0, -- st_atime: set by create and utimensat only (reads do not update it)
+  rdev       INTEGER NOT NULL DEFAULT 0, -- st_rdev of a device node (Linux dev_t encoding), 0 for all else
+  xattrs     BLOB                        -- extended attributes (xattrs.py encoding), NULL when there are none
 );
 CREATE INDEX versions_ino ON versions(ino, death_gen);
 CREATE INDEX versions_content ON versions(content_id) WHERE content_id IS NOT NULL;

@@ -23,6 +23,7 @@ from . import events as ev
 from . import history as hist
 from . import namespace as ns
 from . import snapshots as snaps
+from . import xattrs
 from .buffers import window_pool
 from .catalog import Catalog, Txn, create_catalog
 from .compact import CompactReport, compact
@@ -74,6 +75,7 @@ class Store(TreeChanges):
         self.log = Log(root, config, self._new_segment_id)
         self.log.locate = self._locate_chunk
         self.index = ChunkIndex(self.catalog)
+        self.capabilities_stored = self.catalog.read(xattrs.any_capability)  # see may_have_xattr
         # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
         self.workers = workers or os.cpu_count() or 2
         self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-chunk")
@@ -158,6 +160,7 @@ class Store(TreeChanges):
         fsync_dir(self.root)
         self.catalog = Catalog(self.root / CATALOG_FILE)
         self.index = ChunkIndex(self.catalog)
+        self.capabilities_stored = self.catalog.read(xattrs.any_capability)
 
     def __enter__(self) -> "Store":
         return self
@@ -205,6 +208,17 @@ class Store(TreeChanges):
 
     def resolve(self, path: str | bytes, gen: int | None = None) -> Attr:
         return self._read(lambda c, g: ns.resolve(c, path, g), gen)
+
+    def may_have_xattr(self, name: bytes) -> bool:
+        """False when no inode has extended attribute `name`, known without a query (only for
+        security.capability, which the kernel asks for before every write)."""
+        return name != xattrs.CAPABILITY or self.capabilities_stored
+
+    def getxattr(self, ino: int, name: bytes, gen: int | None = None) -> bytes:
+        return xattrs.read(self._read(lambda c, g: ns.version_row_or_fail(c, ino, g).xattrs, gen), name)
+
+    def listxattr(self, ino: int, gen: int | None = None) -> list[bytes]:
+        return sorted(xattrs.decode(self._read(lambda c, g: ns.version_row_or_fail(c, ino, g).xattrs, gen)))
 
     def paths_of(self, ino: int, gen: int | None = None) -> list[str]:
         return self.catalog.read(lambda c: ns.paths_of(c, ino, gen))

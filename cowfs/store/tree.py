@@ -1,4 +1,5 @@
-"""Changes to the tree (create, mkdir, symlink, link, unlink, rmdir, rename, setattr): one
+"""Changes to the tree (create, mkdir, symlink, mknod, link, unlink, rmdir, rename, setattr,
+setxattr, removexattr): one
 catalog transaction each (namespace.py), with the events that name them. A part of Store."""
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 from ..errors import InvalidArgument, IsADirectory
 from . import events as ev
 from . import namespace as ns
+from . import xattrs
 from .catalog import Txn
 from .commit import path_in
 from .events import Event
 from .namespace import Attr
-from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from .schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK
 
 if TYPE_CHECKING:
     from .session import SessionHandle, WriteSession
@@ -26,6 +28,7 @@ class TreeChanges:
 
     if TYPE_CHECKING:
         _sessions: dict[int, WriteSession]
+        capabilities_stored: bool
 
         def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None,
                     durable: bool = True) -> T: ...
@@ -37,11 +40,12 @@ class TreeChanges:
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
         return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
 
-    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None, target: bytes | None = None, durable: bool = True) -> Attr:
+    def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None,
+              target: bytes | None = None, durable: bool = True, rdev: int = 0) -> Attr:
         u, g = self._ids(uid, gid)
 
         def fn(txn: Txn) -> Attr:
-            ino = ns.make_node(txn, parent, name, kind, mode, u, g, target)
+            ino = ns.make_node(txn, parent, name, kind, mode, u, g, target, rdev)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
         return self._change(op, fn, durable=durable)
@@ -57,6 +61,11 @@ class TreeChanges:
         if not target or b"\0" in target:
             raise InvalidArgument("invalid symlink target")
         return self._make("symlink", parent, name, KIND_SYMLINK, 0o777, uid, gid, target)
+
+    def mknod(self, parent: int, name: bytes, mode: int, rdev: int = 0, uid: int | None = None, gid: int | None = None) -> Attr:
+        """A fifo, socket or device node (`mode` carries its type): kept as metadata only, cowfs
+        serves no I/O on it (the kernel does, for fifos; device nodes need a mount with dev)."""
+        return self._make("mknod", parent, name, KIND_SPECIAL, mode, uid, gid, rdev=rdev)
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
         """A hard link: `new_name` in `new_parent` names file (or symlink) `ino` too."""
@@ -97,6 +106,7 @@ class TreeChanges:
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
         size: int | None = None,
     ) -> Attr:
         """chmod/chown/utimens, and truncate when `size` is given (a new version)."""
@@ -113,14 +123,23 @@ class TreeChanges:
                 with self.open_session(ino) as s:
                     s.truncate(size)
                     s.commit()
-        if mode is None and uid is None and gid is None and mtime_ns is None and size is None:
+        if mode is None and uid is None and gid is None and mtime_ns is None and atime_ns is None and size is None:
             return self.getattr(ino)
 
         def fn(txn: Txn) -> Attr:
-            ns.setattr_(txn, ino, mode, uid, gid, mtime_ns)
+            ns.setattr_(txn, ino, mode, uid, gid, mtime_ns, atime_ns)
             return ns.getattr_(txn.conn, ino, txn.gen)
 
         return self._with_session_size(self._change("setattr", fn))
+
+    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        """Set extended attribute `name` (flags: xattrs.XATTR_CREATE, XATTR_REPLACE)."""
+        if name == xattrs.CAPABILITY:
+            self.capabilities_stored = True  # before it can be read: Store.may_have_xattr
+        self._change("setxattr", lambda t: xattrs.set_(t, ino, name, value, flags))
+
+    def removexattr(self, ino: int, name: bytes) -> None:
+        self._change("removexattr", lambda t: xattrs.remove(t, ino, name))
 
     def _with_session_size(self, attr: Attr) -> Attr:
         """`attr` as the caller sees the file: with the size of its open write session, if any."""

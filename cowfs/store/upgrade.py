@@ -14,6 +14,9 @@ config. Version 3 -> 4: versions.nlink, kept in each version row so that stat of
 does not count its entries; it is filled in for every existing version (a directory's
 subdirectories as of the generation its version row was born: every change of a
 directory's entries gives it a new version row, so that count holds over the row's life).
+Version 4 -> 5: versions.atime_ns (set to the row's mtime, which is what stat showed as
+atime before), versions.rdev (0) and versions.xattrs (NULL); inodes may now be of kind 4
+(fifos, sockets, device nodes), which older stores have none of.
 """
 from __future__ import annotations
 
@@ -68,9 +71,16 @@ CATALOG_3_TO_4: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     _count_nlinks,
     "UPDATE meta SET value = 4 WHERE key = 'schema_version'",
 )
+CATALOG_4_TO_5 = (
+    "ALTER TABLE versions ADD COLUMN atime_ns INTEGER NOT NULL DEFAULT 0",
+    "UPDATE versions SET atime_ns = mtime_ns",
+    "ALTER TABLE versions ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE versions ADD COLUMN xattrs BLOB",
+    "UPDATE meta SET value = 5 WHERE key = 'schema_version'",
+)
 # schema version -> the statements (or functions of the connection) that bring it to the next
 STEPS: dict[int, Sequence[str | Callable[[sqlite3.Connection], None]]] = {
-    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4,
+    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4, 4: CATALOG_4_TO_5,
 }
 
 

@@ -51,6 +51,12 @@ def check_contents(path: Path) -> None:
         assert s.getattr(ROOT_INO).nlink == 3 and s.getattr(ROOT_INO, first).nlink == 3
         assert s.getattr(ROOT_INO, 1).nlink == 2  # the empty store, before /run was made
         assert s.resolve("/run").nlink == 2 and s.resolve("/notes.txt").nlink == 1
+        # format 5: atime (what stat showed before: the mtime), no device number, no xattrs
+        notes = s.resolve("/notes.txt")
+        assert notes.atime_ns == notes.mtime_ns and notes.rdev == 0 and s.listxattr(notes.ino) == []
+        s.setxattr(notes.ino, b"user.k", b"v")  # the new columns work in an upgraded catalog
+        assert s.getxattr(notes.ino, b"user.k") == b"v"
+        s.removexattr(notes.ino, b"user.k")
 
 
 def test_old_store_is_refused_with_the_command_to_run(v1_store: Path) -> None:
