@@ -58,6 +58,7 @@ class HandleTable:
         self.last_write_end = time.monotonic()
         self.write_seq = 0
         self.compacted_seq = -1  # a store mounted with files never compacted: look once
+        self.unmounting = False  # set once the daemon stops serving: the compactor stops at its next step
 
     def open_reader(self, fuse_ino: int, store_ino: int, reader: FileReader) -> OpenFile:
         f = OpenFile(next(self._ids), fuse_ino, store_ino, False, reader=reader)

@@ -33,7 +33,8 @@ async def compact_when_idle(ops: CowfsOperations, idle: float) -> None:
             continue
         seq = handles.write_seq  # writes up to here will be compacted by this run
         try:
-            report = await trio.to_thread.run_sync(lambda: ops.store.compact(stop=handles.writers_open))
+            report = await trio.to_thread.run_sync(
+                lambda: ops.store.compact(stop=lambda: handles.writers_open() or handles.unmounting))
         except CowfsError as e:  # e.g. a full device: tried again after the next write, not at once
             log.warning("compaction stopped: %s", e)
             handles.compacted_seq = seq

@@ -126,6 +126,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | 
                         await trio.to_thread.run_sync(syncfs, str(mountpoint))
                     except OSError as e:
                         log.warning("syncfs before unmount: %s", e)
+                    ops.handles.unmounting = True
                     await ops.commit_all()
                     pyfuse3.terminate()
                     return
@@ -141,6 +142,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | 
             nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(_tune_readahead, mountpoint)
         await pyfuse3.main()
+        ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
         await ops.commit_all()
         nursery.cancel_scope.cancel()
 
