@@ -38,9 +38,11 @@ def added_bytes(conn: sqlite3.Connection, gen: int, content_id: int) -> int:
 
 def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[VersionInfo]:
     """Content versions, newest first, of an inode or of a path (across every inode
-    that was ever named so: write-to-temp-then-rename keeps one history). The rows of one
-    body (a commit, then metadata changes: chmod, rename, link...) are one version, from the
-    commit until the body was replaced."""
+    that was ever named so: write-to-temp-then-rename keeps one history). A version is a
+    row that committed a body (data_gen = birth_gen); the rows after it that only change
+    metadata (chmod, rename, link...) belong to it, so it lasts until its body is replaced.
+    A live metadata-only row whose body's row is not there (a rename that gave a file being
+    written the body it replaced, or an expired row) is shown by itself."""
     inos = [target] if isinstance(target, int) else ns.inodes_ever_at(conn, target)
     rows = conn.execute(
         "SELECT v.ino, v.data_gen, v.vid, v.birth_gen, v.death_gen, g.time_ns, g.op, v.size, v.mode, v.content_id"
@@ -48,15 +50,19 @@ def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[Version
         " WHERE v.ino IN (%s) ORDER BY v.ino, v.birth_gen" % ",".join("?" * len(inos)),
         inos,
     ).fetchall()
-    bodies: dict[tuple[int, int], list[tuple]] = {}
-    for row in rows:
-        bodies.setdefault((row[0], row[1]), []).append(row)
+    body_death: dict[tuple[int, int], int] = {}
+    for ino, data_gen, _vid, _birth, death, *_ in rows:
+        body_death[(ino, data_gen)] = death  # rows come in birth order: the last one's death
+    shown: set[tuple[int, int]] = set()
     out = []
-    for group in bodies.values():
-        _ino, data_gen, vid, birth, _death, t, op, size, mode, content_id = group[0]
-        death = group[-1][4]
-        if size == 0 and op == "create" and death != LIVE:
-            continue  # the empty body a create makes before the first write is not a version anyone saved
+    for ino, data_gen, vid, birth, death, t, op, size, mode, content_id in rows:
+        if data_gen == birth:
+            death = body_death[(ino, data_gen)]
+            if size == 0 and op == "create" and death != LIVE:
+                continue  # the empty body a create makes before the first write is not a version anyone saved
+            shown.add((ino, data_gen))
+        elif death != LIVE or (ino, data_gen) in shown:
+            continue
         new, stored = added(conn, data_gen, content_id) if content_id is not None and data_gen == birth else (0, 0)
         out.append(VersionInfo(vid, birth, None if death == LIVE else death, t or 0, size, mode, new, stored))
     out.sort(key=lambda v: v.birth_gen, reverse=True)
