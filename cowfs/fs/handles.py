@@ -19,6 +19,9 @@ class SharedSession:
     # errno of a WRITE or commit that failed: the kernel has dropped those pages or told the
     # writer, so nothing more of this session is committed (see operations.py, _session_failed)
     error: int | None = None
+    # when a truncate through the session changed the file (the kernel leaves mtime and ctime
+    # of a size change to the file system): stat shows it until the commit's own times
+    truncated_ns: int | None = None
 
 
 @dataclass

@@ -12,6 +12,8 @@ import errno
 import logging
 import os
 import stat
+import time
+from dataclasses import replace
 
 import pyfuse3
 import trio
@@ -22,6 +24,7 @@ from ..store.reader import FileReader
 from ..store.session import WriteSession
 from ..store.snapshots import validate_snapshot_name
 from .dispatch import in_thread, translate_errors, wait_future
+from .attrs import entry_of, snapdir_entry
 from .corrupt_log import CorruptLog
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
@@ -40,8 +43,6 @@ def _commit_unless_held(session: WriteSession, held: tuple[int, int, int] | None
     return session.commit()
 
 
-LIVE_TIMEOUT = 1.0
-SNAPSHOT_TIMEOUT = 300.0
 
 
 class CowfsOperations(XattrOperations, pyfuse3.Operations):
@@ -65,43 +66,10 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     # -- attributes --------------------------------------------------------------
 
     def _entry(self, view: View, attr: Attr) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
-        e.st_ino = ViewTable.encode(view, attr.ino)
-        e.generation = 0
-        timeout = LIVE_TIMEOUT if view.live else SNAPSHOT_TIMEOUT
-        e.entry_timeout = timeout
-        e.attr_timeout = timeout
-        e.st_mode = attr.mode
-        e.st_nlink = attr.nlink
-        e.st_uid = attr.uid
-        e.st_gid = attr.gid
-        e.st_rdev = attr.rdev
-        size = attr.size
-        if view.live:
-            session = self.handles.session(attr.ino)
-            if session is not None:
-                size = session.size
-        e.st_size = size
-        e.st_blksize = 1 << 16
-        e.st_blocks = (size + 511) // 512
-        e.st_atime_ns = attr.atime_ns
-        e.st_mtime_ns = attr.mtime_ns
-        e.st_ctime_ns = attr.ctime_ns
-        return e
+        return entry_of(view, attr, self.handles.sessions.get(attr.ino) if view.live else None)
 
     def _snapdir_entry(self) -> pyfuse3.EntryAttributes:
-        snaps = self.store.snapshot_list()
-        root = self.store.getattr(1)
-        e = pyfuse3.EntryAttributes()
-        e.st_ino = SNAPDIR_INO
-        e.entry_timeout = e.attr_timeout = 0
-        e.st_mode = stat.S_IFDIR | 0o755
-        e.st_nlink = 2 + len(snaps)
-        e.st_uid, e.st_gid = root.uid, root.gid
-        newest = max((s.created_ns for s in snaps), default=root.ctime_ns)
-        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = newest
-        e.st_blksize = 4096
-        return e
+        return snapdir_entry(self.store)
 
     def _decode(self, fuse_ino: int) -> tuple[View, int]:
         try:
@@ -142,7 +110,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             # unlinked but still open: the kernel may still ask until FORGET
             for f in self.handles.files.values():
                 if f.fuse_ino == inode and f.attr is not None:
-                    return self._entry(view, f.attr)
+                    return self._entry(view, replace(f.attr, nlink=0))  # no name left, as on ext4
             raise
 
     @translate_errors
@@ -150,9 +118,10 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         ino = self._live(inode)
         if fields.update_size:
-            session = self.handles.session(ino)
-            if session is not None:
-                session.truncate(attr.st_size)
+            shared = self.handles.sessions.get(ino)
+            if shared is not None:
+                shared.session.truncate(attr.st_size)
+                shared.truncated_ns = time.time_ns()
             else:
                 await in_thread(lambda: self.store.setattr(ino, size=attr.st_size))
         mode = attr.st_mode if fields.update_mode else None

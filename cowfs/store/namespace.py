@@ -122,6 +122,8 @@ def getattr_(conn: sqlite3.Connection, ino: int, gen: int) -> Attr:
 
 
 def lookup(conn: sqlite3.Connection, parent: int, name: bytes, gen: int) -> Attr:
+    if len(name) > NAME_MAX:
+        raise InvalidArgument(f"name too long ({len(name)} bytes)", errno=36)  # ENAMETOOLONG
     row = conn.execute(
         "SELECT ino FROM dentries WHERE parent=? AND name=? AND birth_gen<=? AND death_gen>?",
         (parent, name, gen, gen),

@@ -89,6 +89,34 @@ def test_atime_and_ctime(store_path, tmp_path):
     assert_clean(store_path)
 
 
+def test_open_unlinked_files_long_names_and_ftruncate_times(store_path, tmp_path):
+    with mounted(store_path, tmp_path / "mnt") as m:
+        fd = os.open(m / "f", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            os.write(fd, b"hello")
+            os.unlink(m / "f")
+            st = os.fstat(fd)
+            assert st.st_nlink == 0 and st.st_size == 5  # no name left, as on ext4
+            assert os.pread(fd, 100, 0) == b"hello"
+        finally:
+            os.close(fd)
+        for call in (os.stat, os.unlink, os.rmdir, lambda p: os.chmod(p, 0o600)):
+            with pytest.raises(OSError) as e:
+                call(m / ("n" * 256))
+            assert e.value.errno == errno.ENAMETOOLONG
+        (m / "g").write_bytes(b"")
+        os.utime(m / "g", ns=(1_000_000_000, 1_000_000_000))
+        fd = os.open(m / "g", os.O_RDWR)
+        try:
+            os.ftruncate(fd, 123)  # the kernel leaves the times of a size change to the file system
+            st = os.fstat(fd)
+            assert st.st_size == 123 and st.st_mtime_ns > 1_000_000_000 and st.st_ctime_ns >= st.st_mtime_ns
+        finally:
+            os.close(fd)
+        assert os.stat(m / "g").st_mtime_ns > 1_000_000_000
+    assert_clean(store_path)
+
+
 def test_extended_attributes(store_path, tmp_path):
     with mounted(store_path, tmp_path / "mnt") as m:
         f = m / "model.safetensors"
