@@ -5,45 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
+from .cli_common import TARGET_HELP, fmt_time, progress_bar
+from .cli_history import add_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, StoreError
 from .store import Store
 from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
 from .units import human_bytes, parse_size
 
-TARGET_HELP = "a store directory, or the mountpoint of a mounted store (then the daemon serves the request)"
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
 EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
-
-
-def _time(ns: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
-
-
-def _progress(label: str, unit: Callable[[int], str] = str) -> Callable[[int, int], None] | None:
-    """A progress bar on stderr when it is a terminal (None otherwise: scripts see no bar)."""
-    if not sys.stderr.isatty():
-        return None
-    finished = False
-
-    def show(done: int, total: int) -> None:
-        nonlocal finished
-        if finished:
-            return
-        width = 30
-        filled = min(width * done // total, width) if total else width
-        pct = 100 * done // total if total else 100
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {pct:3d}% {unit(done)}/{unit(total)}\x1b[K")
-        if done >= total:
-            sys.stderr.write("\n")
-            finished = True
-        sys.stderr.flush()
-
-    return show
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -71,7 +45,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         if t.mounted and args.repair:
             raise StoreError(f"{store_of(args.store)}: the store is mounted; unmount it to run fsck --repair "
                              "(a check without --repair runs while mounted)")
-        r = t.call("fsck", repair=args.repair, progress=_progress("fsck"))
+        r = t.call("fsck", repair=args.repair, progress=progress_bar("fsck"))
     if args.json:
         print(json.dumps(r, indent=2))
     else:
@@ -104,28 +78,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_snapshot(args: argparse.Namespace) -> int:
-    with Target(args.store) as t:
-        if args.action == "create":
-            snap = t.call("snapshot_create", name=args.name)
-            print(f"snapshot {snap['name']} at generation {snap['generation']}")
-        elif args.action == "delete":
-            for name in t.call("snapshot_delete", names=args.names):
-                print(f"deleted snapshot {name}")
-        else:
-            snaps = t.call("snapshot_list")
-            if args.json:
-                print(json.dumps([{"name": s["name"], "generation": s["generation"], "created": _time(s["created_ns"])} for s in snaps], indent=2))
-            else:
-                print(f"{'NAME':30} {'GENERATION':>10}  CREATED")
-                for s in snaps:
-                    print(f"{s['name']:30} {s['generation']:>10}  {_time(s['created_ns'])}")
-    return 0
-
-
 def cmd_compact(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
-        r = t.call("compact", progress=_progress("compact", human_bytes))
+        r = t.call("compact", progress=progress_bar("compact", human_bytes))
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -140,7 +95,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
-        r = t.call("gc", progress=_progress("gc"))
+        r = t.call("gc", progress=progress_bar("gc"))
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -153,7 +108,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         versions = t.call("log", path=args.path)
     rows = [
-        {"generation": v["generation"], "time": _time(v["time_ns"]), "size": v["size"], "added_bytes": v["added_bytes"],
+        {"generation": v["generation"], "time": fmt_time(v["time_ns"]), "size": v["size"], "added_bytes": v["added_bytes"],
          "added_stored_bytes": v["added_stored_bytes"], "current": v["current"]}
         for v in versions
     ]
@@ -175,7 +130,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         size = t.call("file_size", path=args.path, **_as_of(args))
         out = sys.stdout.buffer
-        show = _progress(args.path, human_bytes) if size > CAT_PROGRESS_MIN and not sys.stdout.isatty() else None
+        show = progress_bar(args.path, human_bytes) if size > CAT_PROGRESS_MIN and not sys.stdout.isatty() else None
         pos = 0
         while pos < size:
             data = t.call("read", path=args.path, offset=pos, length=8 << 20, **_as_of(args))
@@ -194,37 +149,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         entries = t.call("ls", path=args.path, **_as_of(args))
     for e in entries:
         kind = {"dir": "d", "symlink": "l", "fifo": "p", "socket": "s", "char": "c", "block": "b"}.get(e["kind"], "-")
-        print(f"{kind}{e['mode']:04o} {e['size']:>12} {_time(e['mtime_ns'])} {e['name']}")
-    return 0
-
-
-def cmd_restore(args: argparse.Namespace) -> int:
-    with Target(args.store) as t:
-        r = t.call("restore", path=args.path, snapshot=args.snapshot, generation=args.generation, to=args.to)
-    print(f"restored {args.path} as of {'snapshot ' + args.snapshot if args.snapshot else 'generation ' + str(args.generation)}"
-          f" to {r['path']} ({r['size']} bytes, generation {r['generation']}); the replaced version stays in the history")
-    return 0
-
-
-def cmd_prune(args: argparse.Namespace) -> int:
-    with Target(args.store) as t:
-        r = t.call("prune", keep_last=args.keep_last, keep_within=args.keep_within, keep_hourly=args.keep_hourly,
-                   keep_daily=args.keep_daily, keep_weekly=args.keep_weekly, keep_name=args.keep_name,
-                   keep_history=args.keep_history, dry_run=args.dry_run, run_gc=not args.no_gc,
-                   progress=None if args.dry_run or args.no_gc else _progress("gc"))
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return 0
-    print(f"{'SNAPSHOT':30} {'CREATED':20}  {'ACTION':8} RULES")
-    for s in r["snapshots"]:
-        print(f"{s['name']:30} {_time(s['created_ns']):20}  {'keep' if s['keep'] else 'remove':8} {', '.join(s['reasons'])}")
-    kept = sum(s["keep"] for s in r["snapshots"])
-    if r["dry_run"]:
-        print(f"dry run: would keep {kept}, remove {len(r['snapshots']) - kept}; nothing changed")
-    else:
-        print(f"kept {kept}, removed {len(r['snapshots']) - kept}; dropped {r['history_rows_dropped']} history rows no snapshot holds")
-        if r["gc"]:
-            print(f"gc: {human_bytes(r['gc']['bytes_freed'])} freed on the device ({human_bytes(r['gc']['physical_bytes'])} in use)")
+        print(f"{kind}{e['mode']:04o} {e['size']:>12} {fmt_time(e['mtime_ns'])} {e['name']}")
     return 0
 
 
@@ -254,7 +179,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _event_line(e: dict[str, object]) -> str:
-    when = _time(int(e["time_ns"]))  # type: ignore[arg-type]
+    when = fmt_time(int(e["time_ns"]))  # type: ignore[arg-type]
     kind, gen = e["kind"], e["generation"]
     if kind == "version":
         what = f"{e['path']}  {e['size']} bytes, {e['added_bytes']} new"
@@ -364,20 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_stats)
 
-    s = sub.add_parser("snapshot", help="create, list or delete snapshots", description="Snapshots pin the whole tree as of now.",
-                       epilog="example: cowfs snapshot create /data/store step-1000")
-    snap = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    c = snap.add_parser("create", help="snapshot everything committed", epilog="example: cowfs snapshot create /data/store step-1000")
-    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-    c.add_argument("name", help="no '/', must not start with '.' or '@'")
-    c = snap.add_parser("list", help="list snapshots", epilog="example: cowfs snapshot list /mnt/ckpt --json")
-    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-    c.add_argument("--json", action="store_true")
-    c = snap.add_parser("delete", help="delete snapshots (space returns at gc)", epilog="example: cowfs snapshot delete /data/store step-500 step-600")
-    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-    c.add_argument("names", nargs="+", metavar="NAME")
-    s.set_defaults(fn=cmd_snapshot)
-
     s = sub.add_parser("compact", help="store checkpoints as tensor pieces, compressed and delta-encoded",
                        description="Re-cut every file committed since the last compaction: recognised checkpoint "
                        "formats (safetensors, torch.save, .distcp, .npy) into tensor pieces, stored byte-grouped and "
@@ -422,35 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_log)
 
-    s = sub.add_parser("restore", help="make an old version current again",
-                       description="Make PATH as of a snapshot or generation the current version again (at --to DEST if given), "
-                       "as a new version: the history is kept and no bytes are copied.",
-                       epilog="example: cowfs restore /mnt/ckpt /run1/model.pt --snapshot step-500")
-    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-    s.add_argument("path")
-    g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--snapshot", metavar="NAME")
-    g.add_argument("--generation", metavar="G", type=int)
-    s.add_argument("--to", metavar="DEST", help="restore to this path instead (its directory must exist)")
-    s.set_defaults(fn=cmd_restore)
-
-    s = sub.add_parser("prune", help="delete snapshots by keep rules, then reclaim space",
-                       description="A snapshot survives if any keep rule keeps it (restic forget semantics); the live tree is never "
-                       "touched. History that no snapshot holds is dropped unless --keep-history keeps it; then gc runs unless --no-gc. "
-                       "With no keep rule the command refuses.",
-                       epilog="example: cowfs prune /mnt/ckpt --keep-last 3 --keep-daily 7 --dry-run")
-    s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-    s.add_argument("--keep-last", type=int, default=0, metavar="N", help="keep the N newest snapshots")
-    s.add_argument("--keep-within", metavar="DURATION", help="keep snapshots taken within DURATION of the newest (e.g. 2d, 12h)")
-    s.add_argument("--keep-hourly", type=int, default=0, metavar="N", help="keep the newest snapshot of each of the last N hours that have one")
-    s.add_argument("--keep-daily", type=int, default=0, metavar="N", help="... of each of the last N days (UTC)")
-    s.add_argument("--keep-weekly", type=int, default=0, metavar="N", help="... of each of the last N ISO weeks")
-    s.add_argument("--keep-name", action="append", metavar="GLOB", help="keep snapshots whose name matches GLOB (repeatable)")
-    s.add_argument("--keep-history", metavar="DURATION", help="keep versions the live tree replaced within DURATION (default: drop all history no snapshot holds)")
-    s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    s.add_argument("--no-gc", action="store_true", help="do not reclaim space afterwards")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_prune)
+    add_commands(sub)
 
     for name, fn, help_ in (("cat", cmd_cat, "write a file's bytes to stdout"), ("ls", cmd_ls, "list a directory")):
         s = sub.add_parser(name, help=help_, description=help_ + ", live or as of a snapshot or generation.",
