@@ -32,8 +32,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         r = t.call("restore", path=args.path, snapshot=args.snapshot, generation=args.generation, to=args.to)
-    print(f"restored {args.path} as of {'snapshot ' + args.snapshot if args.snapshot else 'generation ' + str(args.generation)}"
-          f" to {r['path']} ({r['size']} bytes, generation {r['generation']}); the replaced version stays in the history")
+    source = f"snapshot {args.snapshot}" if args.snapshot else f"generation {args.generation}"
+    if r["kind"] == "dir":
+        print(f"restored {args.path}/ as of {source} to {r['path']}/ ({r['files']} files, {human_bytes(r['size'])}, "
+              f"generation {r['generation']}): made whole in one transaction, no bytes copied")
+    else:
+        print(f"restored {args.path} as of {source} to {r['path']} ({r['size']} bytes, generation {r['generation']}); "
+              "the replaced version stays in the history")
     return 0
 
 
@@ -75,10 +80,11 @@ def add_commands(sub: Any) -> None:
     c.add_argument("names", nargs="+", metavar="NAME")
     s.set_defaults(fn=cmd_snapshot)
 
-    s = sub.add_parser("restore", help="make an old version current again",
-                       description="Make PATH as of a snapshot or generation the current version again (at --to DEST if given), "
-                       "as a new version: the history is kept and no bytes are copied.",
-                       epilog="example: cowfs restore /mnt/ckpt /run1/model.pt --snapshot step-500")
+    s = sub.add_parser("restore", help="make an old file or directory current again",
+                       description="Make PATH as of a snapshot or generation current again (at --to DEST if given). "
+                       "A file becomes a new version (the history is kept); a directory, e.g. an HF Trainer "
+                       "checkpoint-N/, is made anew whole in one transaction (DEST must not exist). No bytes are copied.",
+                       epilog="example: cowfs restore /mnt/ckpt /run1/checkpoint-500 --snapshot run1@step-500")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("path")
     g = s.add_mutually_exclusive_group(required=True)

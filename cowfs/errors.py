@@ -47,6 +47,10 @@ class InvalidArgument(CowfsError):
     errno = _errno.EINVAL
 
 
+class HistoryDropped(InvalidArgument):
+    """A past generation asked for (a snapshot pinned at it) whose history was dropped since."""
+
+
 class NotPermitted(CowfsError):
     errno = _errno.EPERM
 

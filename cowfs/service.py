@@ -147,11 +147,18 @@ def diff(store: Store, a: str, b: str = LIVE_REF) -> dict[str, Any]:
 
 def restore(store: Store, path: str, snapshot: str | None = None, generation: int | None = None,
             to: str | None = None) -> dict[str, Any]:
+    """A file (a new version) or a whole directory (made anew, in one transaction) as of a
+    snapshot or generation, back in the live tree."""
     gen = _gen(store, snapshot, generation)
     if gen is None:
         raise InvalidArgument("restore needs --snapshot or --generation")
+    if store.resolve(path, gen).is_dir:
+        tree = store.restore_tree(path, gen, to)
+        return {"path": to or path, "kind": "dir", "ino": tree.root.ino, "parent_ino": tree.parent,
+                "files": len(tree.files), "size": tree.bytes, "generation": tree.root.birth_gen}
     attr = store.restore(path, gen, to)
-    return {"path": to or path, "ino": attr.ino, "size": attr.size, "generation": attr.birth_gen}
+    return {"path": to or path, "kind": "file", "ino": attr.ino, "files": 1, "size": attr.size,
+            "generation": attr.birth_gen}
 
 
 def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep_hourly: int = 0,

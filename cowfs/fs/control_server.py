@@ -123,11 +123,14 @@ async def _run_reporting_progress(fn: Callable[..., Any], stream: trio.SocketStr
 
 async def _after(op: str, args: dict[str, Any], result: Any) -> None:
     """Drop what the kernel caches about things a request changed."""
-    if op == "restore":  # the live file changed under the kernel's caches
-        try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, result["ino"])
-        except Exception:  # noqa: BLE001 - not cached: nothing to drop
-            pass
+    if op == "restore":  # the live file (or the new directory's parent) changed under the kernel's caches
+        for ino in (result["ino"], result.get("parent_ino")):
+            if ino is None:
+                continue
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
+            except Exception:  # noqa: BLE001 - not cached: nothing to drop
+                pass
     gone: list[str] = []
     if op == "snapshot_delete":
         gone = list(args.get("names", []))

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ..errors import Busy, IsADirectory, NotADirectory, NotFound
+from ..errors import Busy, InvalidArgument, IsADirectory, NotADirectory, NotFound
 from . import events as ev
 from . import history as hist
 from . import namespace as ns
@@ -52,6 +52,7 @@ from .log import LOCATION_COLS, Location, Log, check_chunk, location
 from .namespace import Attr
 from .reader import WINDOW_BUFFER, FileReader
 from .recovery import SPILL_DIR, recover
+from .restore_tree import RestoredTree, restore_dir
 from .schema import KIND_FILE
 from .session import SessionHandle, WriteSession
 from .snapshots import Snapshot
@@ -352,8 +353,10 @@ class Store(TreeChanges):
 
     # -- snapshots and history --------------------------------------------------------------
 
-    def snapshot_create(self, name: str) -> Snapshot:
-        return self._change("snapshot", lambda t: snaps.create(t, name),
+    def snapshot_create(self, name: str, gen: int | None = None) -> Snapshot:
+        """A snapshot of the tree as of now, or as of the earlier generation `gen` (HistoryDropped
+        if expire or repair ran since)."""
+        return self._change("snapshot", lambda t: snaps.create(t, name, gen),
                             lambda t, s: [Event(ev.SNAPSHOT, s.gen, s.created_ns, snapshot=s.name)])
 
     def snapshot_list(self) -> list[Snapshot]:
@@ -379,7 +382,7 @@ class Store(TreeChanges):
         as a new version that shares the old body: history is kept, no bytes are copied."""
         old = self.resolve(path, gen)
         if not old.is_file:
-            raise IsADirectory(f"{path}: only files can be restored")
+            raise IsADirectory(f"{path}: not a regular file (a directory is restored by restore_tree)")
         dest = (to or path).encode() if isinstance(to or path, str) else (to or path)
         head, _, name = dest.strip(b"/").rpartition(b"/")
         parent = self.resolve(head)
@@ -400,6 +403,23 @@ class Store(TreeChanges):
             return ns.getattr_(txn.conn, ino, txn.gen)
 
         return self._change("restore", fn, version_events)
+
+    def restore_tree(self, path: str, gen: int, to: str | None = None) -> RestoredTree:
+        """Make the directory at `path` as of generation `gen` live again at `to` (default:
+        `path`, which must not exist), whole, in one transaction (restore_tree.py)."""
+        old = self.resolve(path, gen)
+        if not old.is_dir:
+            raise NotADirectory(f"{path}: not a directory")
+        dest = to or path
+        head, _, name = dest.encode().strip(b"/").rpartition(b"/")
+        if not name:
+            raise InvalidArgument("the root directory cannot be restored over; restore to a path with --to")
+        parent = self.resolve(head)
+
+        def describe(txn: Txn, r: RestoredTree) -> list[Event]:
+            return [e for ino in r.files for e in version_events(txn, ns.getattr_(txn.conn, ino, txn.gen))]
+
+        return self._change("restore", lambda t: restore_dir(t, old, gen, parent.ino, name, dest), describe)
 
     def expire_history(self, keep_within_ns: int = 0) -> int:
         """Drop versions and entries that the live tree replaced or removed, that no snapshot

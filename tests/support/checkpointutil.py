@@ -1,0 +1,40 @@
+"""Helpers for checkpoint tests on a Store (no mount): HF-Trainer-like checkpoints written
+with the engine's calls."""
+from __future__ import annotations
+
+import json
+
+from cowfs.store import ROOT_INO, Store
+
+from tests.support.storeutil import data
+
+
+def mkdirs(s: Store, path: str) -> None:
+    parent = ROOT_INO
+    for part in path.strip("/").split("/"):
+        try:
+            parent = s.lookup(parent, part.encode()).ino
+        except Exception:
+            parent = s.mkdir(parent, part.encode()).ino
+
+
+def save(s: Store, run: str, step: int, eval_loss: float, seed: int | None = None) -> int:
+    """An HF-Trainer-like checkpoint; returns the generation of its trainer_state.json commit."""
+    ck = f"{run}/checkpoint-{step}"
+    mkdirs(s, ck)
+    s.write_file(f"{ck}/model.safetensors", data(50_000, step if seed is None else seed))
+    s.write_file(f"{ck}/optimizer.pt", data(20_000, step + 1))
+    state = {"global_step": step, "epoch": step / 100, "log_history": [
+        {"loss": eval_loss + 0.1, "step": step, "epoch": step / 100}, {"eval_loss": eval_loss, "step": step}]}
+    return s.write_file(f"{ck}/trainer_state.json", json.dumps(state).encode()).birth_gen
+
+
+def rmtree(s: Store, path: str) -> None:
+    attr = s.resolve(path)
+    for name, child in s.readdir(attr.ino):
+        if child.is_dir:
+            rmtree(s, f"{path}/{name.decode()}")
+        else:
+            s.unlink(attr.ino, name)
+    head, _, name = path.rpartition("/")
+    s.rmdir(s.resolve(head or "/").ino, name.encode())
