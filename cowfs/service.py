@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .errors import InvalidArgument, IsADirectory
+from .errors import CowfsError, InvalidArgument, IsADirectory, NotFound
 from .store import Store
+from .store import checkpoint_index
+from .store.checkpoint_index import Checkpoint, CheckpointIndex
+from .store.keep_best import Candidate, MetricSpec, ranked
+from .store.keep_best import keep_best as keep_best_of
 from .store.retention import KeepPolicy, plan
 from .units import duration_ns
 
@@ -34,8 +38,64 @@ def snapshot_create(store: Store, name: str) -> dict[str, Any]:
     return {"name": s.name, "generation": s.gen, "created_ns": s.created_ns}
 
 
-def snapshot_list(store: Store) -> list[dict[str, Any]]:
-    return [{"name": s.name, "generation": s.gen, "created_ns": s.created_ns} for s in store.snapshot_list()]
+def snapshot_list(store: Store, checkpoints: bool = True) -> list[dict[str, Any]]:
+    """Snapshots, oldest first; with `checkpoints`, the HF Trainer checkpoint each is for (the
+    one whose trainer_state.json it got last: its step, epoch, metrics) and the paths of
+    every checkpoint it holds."""
+    snaps = store.snapshot_list()
+    out = [{"name": s.name, "generation": s.gen, "created_ns": s.created_ns} for s in snaps]
+    if not checkpoints or not snaps:
+        return out
+    idx = checkpoint_index.build(store, snaps, live=False)
+    by_key = idx.by_key()
+    for row in out:
+        held = [by_key[k] for k in idx.in_snapshot.get(row["name"], [])]
+        paths = [_path_in(c, row["name"]) for c in held]
+        row["checkpoint"] = {"path": paths[0], **held[0].state.to_json()} if held else None
+        row["checkpoints"] = paths
+    return out
+
+
+def _path_in(c: Checkpoint, snapshot: str | None) -> str:
+    return next(loc.path for loc in c.locations if loc.snapshot == snapshot)
+
+
+def _checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+    src = c.restore_from
+    return {"path": c.path, **c.state.to_json(), "generation": c.saved_gen, "saved_ns": c.saved_ns,
+            "live": c.live is not None, "snapshot": src.snapshot if src else None,
+            "snapshot_path": src.path if src else None, "snapshots": c.snapshots}
+
+
+def _exists_somewhere(store: Store, path: str) -> None:
+    """NotFound unless `path` exists in the live tree or in some snapshot."""
+    for gen in [None, *(s.gen for s in reversed(store.snapshot_list()))]:
+        try:
+            store.resolve(path, gen)
+            return
+        except CowfsError:
+            continue
+    raise NotFound(f"{path}: not in the live tree nor in any snapshot")
+
+
+def checkpoints(store: Store, path: str = "/", sort: str | None = None) -> dict[str, Any]:
+    """Every HF Trainer checkpoint under `path` in any snapshot or the live tree, each once,
+    the newest save first (or the best by `sort`, METRIC[:min|max], first)."""
+    if path.strip("/"):
+        _exists_somewhere(store, path)
+    spec = MetricSpec.parse(sort) if sort else None
+    idx = checkpoint_index.build(store, under=path)
+    found = idx.checkpoints
+    if spec is not None:
+        order = {c.key: i for i, c in enumerate(ranked(_candidates(idx), spec))}
+        found = sorted(found, key=lambda c: order.get(c.key, len(order)))  # without the metric: last, newest first
+    return {"checkpoints": [_checkpoint_json(c) for c in found], "truncated": idx.truncated}
+
+
+def _candidates(idx: CheckpointIndex) -> list[Candidate]:
+    held_with = {name: len(keys) for name, keys in idx.in_snapshot.items()}
+    return [Candidate(c.key, c.state.global_step, c.path, c.state.metrics, tuple(c.snapshots), c.own_snapshot,
+                      held_with) for c in idx.checkpoints]
 
 
 def snapshot_delete(store: Store, names: list[str]) -> list[str]:
@@ -164,14 +224,22 @@ def restore(store: Store, path: str, snapshot: str | None = None, generation: in
 def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep_hourly: int = 0,
           keep_daily: int = 0, keep_weekly: int = 0, keep_name: list[str] | None = None,
           keep_history: str | None = None, dry_run: bool = False, run_gc: bool = True,
-          progress: Progress | None = None) -> dict[str, Any]:
+          keep_best: list[list[Any]] | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """`keep_best`: [[METRIC[:min|max], N], ...] (keep_best.py), on top of the other rules."""
     policy = KeepPolicy(keep_last, duration_ns(keep_within) if keep_within else 0, keep_hourly, keep_daily,
                         keep_weekly, tuple(keep_name or ()))
-    decisions = plan(store.snapshot_list(), policy)
+    best_rules = [(MetricSpec.parse(str(spec)), _count(n)) for spec, n in keep_best or []]
+    snaps = store.snapshot_list()
+    decisions = plan(snaps, policy, more_rules=bool(best_rules))
+    best = []
+    if best_rules:
+        candidates = _candidates(checkpoint_index.build(store, snaps, live=False))
+        for spec, n in best_rules:
+            best += keep_best_of(decisions, candidates, spec, n)
     out: dict[str, Any] = {
         "snapshots": [{"name": d.snapshot.name, "generation": d.snapshot.gen, "created_ns": d.snapshot.created_ns,
                        "keep": d.keep, "reasons": d.reasons} for d in decisions],
-        "dry_run": dry_run, "history_rows_dropped": 0, "gc": None,
+        "best": [b.to_json() for b in best], "dry_run": dry_run, "history_rows_dropped": 0, "gc": None,
     }
     if dry_run:
         return out
@@ -182,6 +250,12 @@ def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep
     if run_gc:
         out["gc"] = gc(store, progress)
     return out
+
+
+def _count(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, str)) or not str(n).isdigit():
+        raise InvalidArgument(f"--keep-best: N must be a whole number, not {n!r}")
+    return int(n)
 
 
 OPS: dict[str, Callable[..., Any]] = {
@@ -199,4 +273,5 @@ OPS: dict[str, Callable[..., Any]] = {
     "restore": restore,
     "prune": prune,
     "diff": diff,
+    "checkpoints": checkpoints,
 }

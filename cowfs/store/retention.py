@@ -7,6 +7,7 @@ A snapshot survives if any rule keeps it:
   daily N      ... of each of the N newest days
   weekly N     ... of each of the N newest ISO weeks
   name GLOB    every snapshot whose name matches
+(and `--keep-best`, which ranks checkpoints by a metric: keep_best.py, applied after these)
 """
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ def _bucketed(decisions: list[Decision], n: int, key: Callable[[datetime.datetim
             d.reasons.append(rule)
 
 
-def plan(snapshots: list[Snapshot], policy: KeepPolicy) -> list[Decision]:
-    """A decision per snapshot, newest first."""
-    if policy.empty:
+def plan(snapshots: list[Snapshot], policy: KeepPolicy, more_rules: bool = False) -> list[Decision]:
+    """A decision per snapshot, newest first. `more_rules`: other rules (keep-best) will keep
+    snapshots too, so an empty policy is not a refusal."""
+    if policy.empty and not more_rules:
         raise InvalidArgument("no keep rule given: refusing to delete every snapshot")
     for rule, n in (("last", policy.last), ("hourly", policy.hourly), ("daily", policy.daily), ("weekly", policy.weekly)):
         if n < 0:  # a negative count is no rule, yet it would get past the refusal above
