@@ -208,7 +208,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
                  auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
-                 compact_idle=args.compact_idle, workers=args.workers,
+                 compact_idle=args.compact_idle, workers=args.workers, snapshot_on=args.snapshot_on,
                  vfs_options=getattr(args, "vfs_options", ()))  # set by mount.cowfs (mount_helper.py)
 
 
@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--foreground", action="store_true", help="stay in the foreground and log to stderr too")
     s.add_argument("--allow-other", action="store_true", help="let other users access the mount (FUSE allow_other)")
     s.add_argument("--auto-snapshot", metavar="DURATION", help="take a snapshot every DURATION (e.g. 10m, 1d12h; at least 1s) when no file is open for writing")
+    s.add_argument("--snapshot-on", choices=["checkpoint"],
+                   help="checkpoint: snapshot each checkpoint as it completes (HF Trainer, Lightning, "
+                   "torch.distributed.checkpoint, DeepSpeed), named RUN@step-N")
     s.add_argument("--compact-idle", metavar="DURATION", default="30s",
                    help="compact committed files (see `cowfs compact`) once no file has been open for writing for "
                    "DURATION (default 30s, at least 1s); 'off' leaves it to `cowfs compact`")

@@ -51,9 +51,10 @@ class HandleTable:
         self._ids = itertools.count(1)
         self.files: dict[int, OpenFile] = {}
         self.sessions: dict[int, SharedSession] = {}  # store ino -> session
-        # An auto-snapshot must never show a file between its create (the empty entry is
+        # A snapshot of now (an auto-snapshot, or a checkpoint snapshot that had to wait: see
+        # fs/snapshot_tasks.py) must never show a file between its create (the empty entry is
         # committed first) and its close: creates in progress are counted, and a create
-        # waits while an auto-snapshot is being taken (auto_snapshot_done is then set).
+        # waits while such a snapshot is being taken (auto_snapshot_done is then set).
         self.creating = 0
         self.auto_snapshot_done: trio.Event | None = None
         # for the idle compactor (idle_compaction.py): when the last writable handle closed,

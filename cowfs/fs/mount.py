@@ -10,7 +10,6 @@ asks it to stop, and waits for it to exit.
 from __future__ import annotations
 
 import ctypes
-import datetime
 import errno
 import fcntl
 import logging
@@ -31,15 +30,16 @@ from ..store.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
 from .openers import mount_id
-from .dispatch import in_thread
 from .idle_compaction import compact_when_idle
 from .operations import CowfsOperations
+from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
 DEFAULT_COMPACT_IDLE = "30s"  # compact once no file has been open for writing this long
 READ_AHEAD_KIB = 4096  # the kernel's FUSE default is 128 KiB; measured in docs/benchmarks.md
 MAX_WORKERS = 1024  # cowfs mount --workers at most
+SNAPSHOT_ON_CHECKPOINT = "checkpoint"  # cowfs mount --snapshot-on: the events that take a snapshot
 
 
 class MountError(CowfsError):
@@ -96,25 +96,9 @@ def _setup_logging(store: Path, foreground: bool, debug: bool) -> None:
         root.addHandler(sh)
 
 
-async def _auto_snapshot(ops: CowfsOperations, interval: float) -> None:
-    while True:
-        await trio.sleep(interval)
-        while ops.handles.writers_open():  # a moment when no file is open for writing or being created
-            await trio.sleep(0.5)
-        name = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        done = ops.handles.auto_snapshot_done = trio.Event()  # creates wait until it is taken
-        try:
-            await in_thread(ops.store.snapshot_create, name)
-            log.info("auto-snapshot %s", name)
-        except CowfsError as e:
-            log.warning("auto-snapshot %s: %s", name, e)
-        finally:
-            ops.handles.auto_snapshot_done = None
-            done.set()
-
-
-async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | None, ready_fd: int | None,
-                 compact_idle: float | None) -> None:
+async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: float | None, ready_fd: int | None,
+                 compact_idle: float | None, snapshot_on: str | None = None) -> None:
+    quiet = QuietMoments(ops)
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -132,12 +116,14 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot: float | 
                     return
 
         nursery.start_soon(on_signals)
+        if snapshot_on == SNAPSHOT_ON_CHECKPOINT:  # subscribed before the mount is reported live
+            await nursery.start(checkpoint_snapshots, quiet)
         await nursery.start(serve_control, ops, ops.store.root)
         if ready_fd is not None:  # live: mounted, and the control socket listens
             os.write(ready_fd, b"OK\n")
             os.close(ready_fd)
-        if auto_snapshot:
-            nursery.start_soon(_auto_snapshot, ops, auto_snapshot)
+        if auto_snapshot_every:
+            nursery.start_soon(auto_snapshot, quiet, auto_snapshot_every)
         if compact_idle is not None:
             nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(_tune_readahead, mountpoint)
@@ -174,7 +160,8 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
                writeback_cache: bool | None = None, compact_idle: float | None = None,
-               workers: int | None = None, vfs_options: Sequence[str] = ()) -> int:
+               workers: int | None = None, snapshot_on: str | None = None,
+               vfs_options: Sequence[str] = ()) -> int:
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
@@ -194,7 +181,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
         try:
-            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle)
+            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)
@@ -205,7 +192,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
 
 def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
           auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool | None = None,
-          compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None,
+          compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None, snapshot_on: str | None = None,
           vfs_options: Sequence[str] = ()) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
@@ -217,10 +204,12 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         raise MountError("the compaction idle time must be at least 1s (or off)")
     if workers is not None and not 1 <= workers <= MAX_WORKERS:
         raise MountError(f"--workers must be between 1 and {MAX_WORKERS}")
+    if snapshot_on not in (None, SNAPSHOT_ON_CHECKPOINT):
+        raise MountError(f"--snapshot-on: unknown {snapshot_on!r} (only {SNAPSHOT_ON_CHECKPOINT!r})")
     check_mount_inputs(store_path, mnt)
     if foreground:
         return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
-                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers,
+                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers, snapshot_on=snapshot_on,
                           vfs_options=vfs_options)
     r, w = os.pipe()
     pid = os.fork()
@@ -234,7 +223,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         try:
             run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
                        debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle, workers=workers,
-                       vfs_options=vfs_options)
+                       snapshot_on=snapshot_on, vfs_options=vfs_options)
         except BaseException as e:  # tell the parent, in one line
             code = 2
             try:

@@ -141,3 +141,9 @@ def test_help_and_usage_errors():
         err = r.stderr.decode()
         assert r.returncode == 2 and err.startswith("cowfs: ") and len(err.splitlines()) == 1, err
 
+
+def test_mount_snapshot_on_help_and_usage_error():
+    assert "--snapshot-on" in ok("mount", "--help")
+    r = run("mount", "/tmp", "/tmp/x", "--snapshot-on", "every-save")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "invalid choice: 'every-save'" in err and len(err.splitlines()) == 1, err
