@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import CowfsError, NotFound
+from ..errors import CowfsError
 from . import namespace as ns
 from .schema import KIND_DIR
 from .trainer_state import MAX_STATE_BYTES, STATE_FILE, TrainerState, checkpoint_step, parse_trainer_state
@@ -90,7 +90,7 @@ class TreeWalker:
         """The checkpoint directories with a committed trainer_state.json under `under`, as of `gen`."""
         try:
             start = ns.resolve(self.conn, under, gen)
-        except (NotFound, CowfsError):
+        except CowfsError:  # not there in this tree
             return []
         if not start.is_dir:
             return []

@@ -11,6 +11,7 @@ moment when no file is open for writing and snapshots that moment instead.
 """
 from __future__ import annotations
 
+import sqlite3
 import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from . import checkpoint_rules as rules
 from . import namespace as ns
 from .checkpoint_index import TreeWalker
 from .checkpoint_rules import Trigger
+from .schema import ROOT_INO
 from .trainer_state import MAX_STATE_BYTES, STATE_FILE, checkpoint_step, parse_trainer_state
 
 if TYPE_CHECKING:
@@ -94,7 +96,7 @@ def already_snapshotted(store: "Store", p: Plan) -> str | None:
     than the trigger (a restore, a rename or link of a finished file) and a snapshot has that
     body at the same path; None for a new save, which always gets its own snapshot."""
 
-    def fn(conn):  # type: ignore[no-untyped-def]
+    def fn(conn: sqlite3.Connection) -> str | None:
         first = conn.execute("SELECT min(data_gen) FROM versions WHERE content_id=?", (p.content_id,)).fetchone()[0]
         if first is None or first >= p.trigger.generation:
             return None
@@ -120,16 +122,16 @@ def still_written(store: "Store", p: Plan, writing: list[int]) -> bool:
         return False
     top = p.directory.rstrip("/") + "/"
 
-    def fn(conn):  # type: ignore[no-untyped-def]
+    def fn(conn: sqlite3.Connection) -> bool:
+        gen = ns.current_gen(conn)
         for ino in writing:
-            if any(path.startswith(top) for path in ns.paths_of(conn, ino, ns.current_gen(conn))):
+            if any(path.startswith(top) for path in ns.paths_of(conn, ino, gen)):
                 return True
         try:
-            start = ns.resolve(conn, p.directory, ns.current_gen(conn))
+            start = ns.resolve(conn, p.directory, gen)
         except CowfsError:
             return False  # gone since (rotated away): nothing can be written into it
         stack = [start.ino]
-        gen = ns.current_gen(conn)
         while stack:
             for _name, child in ns.readdir(conn, stack.pop(), gen):
                 if child.data_gen > p.trigger.generation:
@@ -138,7 +140,7 @@ def still_written(store: "Store", p: Plan, writing: list[int]) -> bool:
                     stack.append(child.ino)
         return False
 
-    return bool(store.catalog.read(fn))
+    return store.catalog.read(fn)
 
 
 def take(store: "Store", base: str, gen: int | None) -> "Snapshot":
@@ -165,19 +167,34 @@ def take_now(store: "Store", p: Plan) -> "Snapshot":
     return take(store, p.name, None)
 
 
+def _named_since(conn: sqlite3.Connection, path: str, gen: int) -> int:
+    """The generation since which every entry on `path` (as of `gen`) has named what it names."""
+    since, parent = 1, ROOT_INO
+    for part in path.strip("/").split("/"):
+        row = conn.execute("SELECT ino, birth_gen FROM dentries WHERE parent=? AND name=? AND birth_gen<=? AND death_gen>?",
+                           (parent, part.encode(), gen, gen)).fetchone()
+        if row is None:
+            return gen
+        parent, since = int(row[0]), max(since, int(row[1]))
+    return since
+
+
 def missed(store: "Store") -> list[Trigger]:
     """Trainer checkpoints in the live tree that no snapshot holds (the daemon stopped
     between a checkpoint's commit and its snapshot, or the store was mounted without
-    --snapshot-on): a trigger for each, at the generation that wrote its trainer_state.json."""
+    --snapshot-on): a trigger for each, at the first generation at which its path held its
+    trainer_state.json (the commit that wrote it, or a rename into place after it)."""
 
-    def fn(conn):  # type: ignore[no-untyped-def]
+    def fn(conn: sqlite3.Connection) -> list[Trigger]:
         out = []
-        for found in TreeWalker(conn).checkpoints(ns.current_gen(conn)):
+        gen = ns.current_gen(conn)
+        for found in TreeWalker(conn).checkpoints(gen):
             held = conn.execute(
                 "SELECT 1 FROM versions v JOIN snapshots s ON s.gen >= v.birth_gen AND s.gen < v.death_gen"
                 " WHERE v.content_id=? LIMIT 1", (found.content_id,)).fetchone()
             if held is None:
-                out.append(Trigger(rules.TRAINER, f"{found.path}/{STATE_FILE}", found.data_gen))
+                path = f"{found.path}/{STATE_FILE}"
+                out.append(Trigger(rules.TRAINER, path, max(found.data_gen, _named_since(conn, path, gen))))
         return out
 
     return store.catalog.read(fn)

@@ -76,3 +76,17 @@ def test_missed_finds_live_checkpoints_no_snapshot_holds(store):
     g3 = save(store, "/run1", 300, 0.3)
     assert ckpt.missed(store) == [Trigger(TRAINER, "/run1/checkpoint-300/trainer_state.json", g3)]
     assert g1 < g3
+
+
+def test_missed_gives_the_generation_a_renamed_checkpoint_arrived_at(store):
+    save(store, "/run1", 100, 0.5)  # old transformers: saved as tmp-checkpoint-N, then renamed
+    run1 = store.resolve("/run1").ino
+    store.rename(run1, b"checkpoint-100", run1, b"tmp-checkpoint-100")
+    save(store, "/run1", 50, 0.9)
+    store.rename(run1, b"tmp-checkpoint-100", run1, b"checkpoint-100")
+    renamed = store.generation
+    triggers = {t.path: t for t in ckpt.missed(store)}
+    t = triggers["/run1/checkpoint-100/trainer_state.json"]
+    assert t.generation == renamed  # not the earlier commit of its trainer_state.json, under the other name
+    assert ckpt.plan(store, t).name == "run1@step-100"
+    assert triggers["/run1/checkpoint-50/trainer_state.json"].generation < renamed

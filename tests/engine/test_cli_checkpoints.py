@@ -130,6 +130,7 @@ def test_keep_best_on_a_store_without_checkpoints(tmp_path):
     assert r.returncode == 2 and b"no snapshot holds an HF Trainer checkpoint" in r.stderr
     assert b"no HF Trainer checkpoint" in run("checkpoints", str(path)).stdout
     assert json.loads(ok("checkpoints", str(path), "--json")) == []
+    assert_clean(path)
 
 
 def test_help_and_usage_errors():
