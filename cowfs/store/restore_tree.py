@@ -1,7 +1,8 @@
 """Restore a directory as of an earlier generation into the live tree, in one transaction.
 
-Every file, subdirectory and symlink is made anew under the destination name with the
-old one's mode, owner and mtime (HF Trainer's rotation orders checkpoints by mtime), and
+Every file, subdirectory, symlink, fifo, socket and device node is made anew under the
+destination name with the old one's mode, owner, times (HF Trainer's rotation orders
+checkpoints by mtime), device number and extended attributes, and
 each file's new version shares the old version's body: no bytes are copied. Names that
 shared an inode in the old tree are hard links again. Because it is one transaction,
 an interrupted restore leaves nothing, never a checkpoint directory without its
@@ -15,7 +16,7 @@ from ..errors import Exists, NotADirectory
 from . import namespace as ns
 from .catalog import Txn
 from .namespace import Attr
-from .schema import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from .schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK
 
 
 @dataclass
@@ -27,7 +28,11 @@ class RestoredTree:
 
 
 def _kind(mode: int) -> int:
-    return KIND_DIR if stat.S_ISDIR(mode) else KIND_SYMLINK if stat.S_ISLNK(mode) else KIND_FILE
+    if stat.S_ISDIR(mode):
+        return KIND_DIR
+    if stat.S_ISLNK(mode):
+        return KIND_SYMLINK
+    return KIND_FILE if stat.S_ISREG(mode) else KIND_SPECIAL
 
 
 def restore_dir(txn: Txn, src: Attr, gen: int, parent: int, name: bytes, dest: str) -> RestoredTree:
@@ -44,12 +49,15 @@ def restore_dir(txn: Txn, src: Attr, gen: int, parent: int, name: bytes, dest: s
             ns.link(txn, made[old.ino], into, entry)
             return made[old.ino]
         target = ns.readlink(txn.conn, old.ino, gen) if old.is_symlink else None
-        ino = ns.make_node(txn, into, entry, _kind(old.mode), old.mode & 0o7777, old.uid, old.gid, target)
+        ino = ns.make_node(txn, into, entry, _kind(old.mode), old.mode, old.uid, old.gid, target, old.rdev)
         made[old.ino] = ino
         if old.is_dir:
             for child_name, child in ns.readdir(txn.conn, old.ino, gen):
                 copy(child, ino, child_name)
-        changes: dict[str, object] = {"mtime_ns": old.mtime_ns}
+        row = ns.version_row_or_fail(txn.conn, old.ino, gen)
+        # exactly as it was (make_node may have given it a set-group-ID directory's group)
+        changes: dict[str, object] = {"mtime_ns": old.mtime_ns, "atime_ns": old.atime_ns, "mode": old.mode,
+                                      "gid": old.gid, "xattrs": row.xattrs}
         if old.is_file:
             changes.update(size=old.size, content_id=old.content_id, data_gen=txn.gen)
             out.files.append(ino)

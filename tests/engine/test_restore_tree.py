@@ -63,3 +63,28 @@ def test_restore_tree_is_one_transaction_with_bytes_modes_mtimes_and_links(store
     tree2 = store.restore_tree("/run1/checkpoint-100", snap.gen, to="/run1/copy")
     assert store.read_file("/run1/copy/trainer_state.json") == store.read_file("/run1/checkpoint-100/trainer_state.json")
     assert tree2.parent == store.resolve("/run1").ino
+
+
+def test_restore_tree_keeps_special_files_xattrs_times_and_groups(store):
+    import stat
+
+    from cowfs.store import ROOT_INO
+
+    d = store.mkdir(ROOT_INO, b"ck", 0o2775, uid=0, gid=777)  # a set-group-ID directory
+    f = store.write_file("/ck/model.pt", data(5000, 1))
+    store.setattr(f.ino, gid=1000, atime_ns=123_456)  # a group other than the directory's
+    store.setxattr(f.ino, b"user.step", b"500")
+    store.mknod(d.ino, b"pipe", stat.S_IFIFO | 0o640)
+    store.mknod(d.ino, b"null", stat.S_IFCHR | 0o666, rdev=(1 << 8) | 3)
+    before = {n: a for n, a in store.readdir(d.ino)}
+    snap = store.snapshot_create("s")
+    rmtree(store, "/ck")
+    store.restore_tree("/ck", snap.gen, to="/back")
+    after = {n: a for n, a in store.readdir(store.resolve("/back").ino)}
+    assert set(after) == set(before)
+    for name, old in before.items():
+        new = after[name]
+        assert (new.mode, new.uid, new.gid, new.rdev, new.atime_ns, new.mtime_ns) == \
+               (old.mode, old.uid, old.gid, old.rdev, old.atime_ns, old.mtime_ns), name
+    assert store.getxattr(after[b"model.pt"].ino, b"user.step") == b"500"
+    assert stat.S_ISFIFO(after[b"pipe"].mode) and after[b"null"].rdev == (1 << 8) | 3
