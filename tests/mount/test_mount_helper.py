@@ -138,13 +138,13 @@ def test_every_cowfs_mount_flag_is_an_option() -> None:
 
 def test_a_flag_cowfs_mount_grows_is_an_option_at_once() -> None:
     parser = mount_parser()  # as when `cowfs mount` gets these flags
-    parser.add_argument("--snapshot-on", choices=["checkpoint", "close"])
+    parser.add_argument("--upload-on", choices=["close", "snapshot"])
     parser.add_argument("--fsync-dirs", action=argparse.BooleanOptionalAction, default=True)
-    t = translate(["snapshot_on=checkpoint", "nofsync_dirs"], mount_flags(parser))
+    t = translate(["upload_on=snapshot", "nofsync_dirs", "snapshot_on=checkpoint"], mount_flags(parser))
     args = parse_mount_args(parser, "S", "M", t.argv)
-    assert (args.snapshot_on, args.fsync_dirs) == ("checkpoint", False)
-    with pytest.raises(UsageError, match="^snapshot_on: invalid choice: 'never'"):
-        parse_mount_args(parser, "S", "M", translate(["snapshot_on=never"], mount_flags(parser)).argv)
+    assert (args.upload_on, args.fsync_dirs, args.snapshot_on) == ("snapshot", False, "checkpoint")
+    with pytest.raises(UsageError, match="^upload_on: invalid choice: 'never'"):
+        parse_mount_args(parser, "S", "M", translate(["upload_on=never"], mount_flags(parser)).argv)
 
 
 def test_generic_mount_options_are_passed_on_or_ignored() -> None:
