@@ -1,6 +1,7 @@
 """Model-based test: drive the Store API and an in-memory model side by side.
 
-The model is a dict path -> bytearray for files, a set of directory paths, and
+The model is a dict path -> bytearray for files (with their extended attributes; hard
+links share one), a set of directory paths, and
 for each snapshot a deep copy of both taken when it was created. After every
 step the touched files are read back byte-exact and every directory listing is
 compared; after gc, a reopen and at the end of each run every file and every
@@ -33,7 +34,7 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import cowfs.store.session as session_mod
-from cowfs.errors import Exists, InvalidArgument, IsADirectory, NotADirectory, NotEmpty, NotFound, NotPermitted
+from cowfs.errors import Exists, InvalidArgument, IsADirectory, NoAttribute, NotADirectory, NotEmpty, NotFound, NotPermitted
 from cowfs.store import ROOT_INO, Store
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -87,10 +88,20 @@ def resize(buf: bytearray, size: int) -> None:
         buf.extend(bytes(size - len(buf)))
 
 
+class Body(bytearray):
+    """A file in the model: its bytes and its extended attributes, one object shared by
+    every hard link of the file (versions and attributes belong to the inode)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.xattrs: dict[bytes, bytes] = {}
+
+
 class Snap:
-    def __init__(self, gen: int, files: dict[str, bytearray], dirs: set[str]) -> None:
+    def __init__(self, gen: int, files: dict[str, Body], dirs: set[str]) -> None:
         self.gen = gen
         self.files = {p: bytes(b) for p, b in files.items()}
+        self.xattrs = {p: dict(b.xattrs) for p, b in files.items()}
         self.nlinks = {p: sum(1 for o in files.values() if o is b) for p, b in files.items()}
         self.dirs = set(dirs)
 
@@ -102,7 +113,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.path = os.path.join(self.tmp, "store")
         Store.init(self.path, segment_size=4 << 20)
         self.store = Store.open(self.path)
-        self.files: dict[str, bytearray] = {}
+        self.files: dict[str, Body] = {}
         self.dirs: set[str] = {"/"}
         self.snaps: dict[str, Snap] = {}
         self._batch, self._reorder = session_mod.BATCH, session_mod.REORDER
@@ -135,6 +146,10 @@ class StoreMachine(RuleBasedStateMachine):
         want = self.files[path]
         assert len(got) == len(want), f"{path}: size {len(got)}, model {len(want)}"
         assert got == want, f"{path}: content differs from the model"
+        ino = self.ino(path)
+        assert self.store.listxattr(ino) == sorted(want.xattrs), f"{path}: xattr names differ from the model"
+        for name, value in want.xattrs.items():
+            assert self.store.getxattr(ino, name) == value, f"{path}: xattr {name!r} differs"
 
     def check_all(self) -> None:
         for path in self.files:
@@ -145,6 +160,9 @@ class StoreMachine(RuleBasedStateMachine):
                 assert got == want, f"snapshot {name} (gen {snap.gen}) {path}: differs from the model"
                 nlink = self.store.resolve(path, snap.gen).nlink
                 assert nlink == snap.nlinks[path], f"snapshot {name}: {path} has nlink {nlink}, model {snap.nlinks[path]}"
+                ino = self.ino(path, snap.gen)
+                got_x = {n: self.store.getxattr(ino, n, snap.gen) for n in self.store.listxattr(ino, snap.gen)}
+                assert got_x == snap.xattrs[path], f"snapshot {name}: {path} xattrs differ from the model"
             for d in snap.dirs:
                 names = [n for n, _ in self.store.readdir(self.ino(d, snap.gen), gen=snap.gen)]
                 assert names == self.children(d, snap.files, snap.dirs), f"snapshot {name}: readdir {d}"
@@ -212,7 +230,7 @@ class StoreMachine(RuleBasedStateMachine):
         # something to write to from the first step on
         for name in FILE_NAMES[:2]:
             self.store.create(ROOT_INO, name.encode())
-            self.files["/" + name] = bytearray()
+            self.files["/" + name] = Body()
 
     # -- namespace ----------------------------------------------------------------------
 
@@ -229,7 +247,7 @@ class StoreMachine(RuleBasedStateMachine):
                 return
         attr = self.store.create(self.ino(parent), name.encode())
         assert attr.is_file and attr.size == 0
-        self.files[path] = bytearray()
+        self.files[path] = Body()
         self.check_file(path)
 
     @rule(data=st.data())
@@ -288,6 +306,25 @@ class StoreMachine(RuleBasedStateMachine):
         self.check_file(path)
 
     @precondition(lambda self: self.files or len(self.dirs) > 1)
+    @precondition(lambda self: self.files)
+    @rule(data=st.data(), name=st.sampled_from([b"user.a", b"user.b", b"trusted.t"]), remove=st.booleans())
+    def xattr(self, data: st.DataObject, name: bytes, remove: bool) -> None:
+        """setxattr / removexattr: on the inode, so every hard link sees it; kept by new bodies."""
+        path = self.pick(data, self.files, "file")
+        body = self.files[path]
+        if remove:
+            try:
+                self.store.removexattr(self.ino(path), name)
+                assert name in body.xattrs, f"removexattr {path} {name!r}: expected NoAttribute"
+                del body.xattrs[name]
+            except NoAttribute:
+                assert name not in body.xattrs, f"removexattr {path} {name!r}: it was there"
+        else:
+            value = data.draw(st.binary(max_size=300), label="value")
+            self.store.setxattr(self.ino(path), name, value)
+            body.xattrs[name] = value
+        self.check_file(path)
+
     @rule(data=st.data())
     def rmdir(self, data: st.DataObject) -> None:
         path = self.pick(data, self.entries(), "path")
