@@ -17,11 +17,13 @@ def _mnt_id(fd: int) -> int:
 
 def test_a_writable_descriptor_is_found_by_mount_and_inode(tmp_path: Path) -> None:
     path = tmp_path / "f"
+    other = tmp_path / "other"  # a file of the same mount that this process holds no descriptor on
+    other.write_bytes(b"")     # (not ino + 1: pytest's own capture files may have that inode)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         mnt, ino = _mnt_id(fd), os.fstat(fd).st_ino
         assert holds_writable(os.getpid(), mnt, ino)
-        assert not holds_writable(os.getpid(), mnt, ino + 1)
+        assert not holds_writable(os.getpid(), mnt, other.stat().st_ino)
         assert not holds_writable(os.getpid(), mnt + 100000, ino)
     finally:
         os.close(fd)
