@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -58,6 +59,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+RESTORE_HINTS = 5  # restore commands printed under the table
+
+
+def _restore_command(store: str, c: dict[str, Any]) -> str | None:
+    """The `cowfs restore` that puts a checkpoint back into the live tree (None: only the live tree has it)."""
+    if not c["snapshot"]:
+        return None
+    return " ".join(["cowfs restore", *map(shlex.quote, (store, c["snapshot_path"], "--snapshot", c["snapshot"]))])
+
+
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         r = t.call("checkpoints", path=args.path, sort=args.sort)
@@ -66,28 +77,33 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         print("cowfs: warning: a tree had too many directories to search whole; give a PATH to narrow it",
               file=sys.stderr)
     if args.json:
-        print(json.dumps([{**{k: v for k, v in c.items() if k != "saved_ns"}, "saved": fmt_time(c["saved_ns"])}
-                          for c in found], indent=2))
+        print(json.dumps([{**{k: v for k, v in c.items() if k != "saved_ns"}, "saved": fmt_time(c["saved_ns"]),
+                           "restore": _restore_command(args.store, c)} for c in found], indent=2))
         return 0
     if not found:
-        print(f"no HF Trainer checkpoint (checkpoint-N/trainer_state.json) under {args.path} in any snapshot "
-              "or the live tree")
+        print(f"no complete checkpoint (HF Trainer checkpoint-N/, Lightning .ckpt, DCP .metadata, DeepSpeed latest) "
+              f"under {args.path} in any snapshot or the live tree")
         return 0
     first = None
     if args.sort:
         first = args.sort.rpartition(":")[0] if args.sort.endswith((":min", ":max")) else args.sort
-    rows = [(str(c["step"]), _epoch(c["epoch"]), fmt_time(c["saved_ns"]), c["snapshot"] or "-",
-             c["snapshot_path"] or c["path"], "live" if c["live"] else "-", _shown_metrics(c["metrics"], first))
+    rows = [("-" if c["step"] is None else str(c["step"]), _epoch(c["epoch"]), c["kind"], fmt_time(c["saved_ns"]),
+             c["snapshot"] or "-", (c["snapshot_path"] or c["path"]) + ("/" if c["type"] == "dir" else ""),
+             "live" if c["live"] else "-", _shown_metrics(c["metrics"], first))
             for c in found]
-    head = ("STEP", "EPOCH", "SAVED", "SNAPSHOT", "PATH", "LIVE", "METRICS")
+    head = ("STEP", "EPOCH", "KIND", "SAVED", "SNAPSHOT", "PATH", "LIVE", "METRICS")
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     for row in (head, *rows):
         cells = [cell.rjust(w) if i < 2 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         print("  ".join(cells).rstrip())
-    gone = next((c for c in found if not c["live"] and c["snapshot"]), None)
-    if gone is not None:
-        print(f"\nput one back into the live tree (then resume_from_checkpoint=<mountpoint>{gone['snapshot_path']}):\n"
-              f"  cowfs restore {args.store} {gone['snapshot_path']} --snapshot {gone['snapshot']}")
+    gone = [c for c in found if not c["live"] and c["snapshot"]]
+    if gone:
+        print("\nput one back into the live tree" + (f" (then resume_from_checkpoint=<mountpoint>{gone[0]['snapshot_path']})"
+                                                     if gone[0]["kind"] == "trainer" else "") + ":")
+        for c in gone[:RESTORE_HINTS]:
+            print(f"  {_restore_command(args.store, c)}")
+        if len(gone) > RESTORE_HINTS:
+            print(f"  ({len(gone) - RESTORE_HINTS} more: see --json, key \"restore\")")
     return 0
 
 
@@ -157,15 +173,19 @@ def add_commands(sub: Any) -> None:
     c.add_argument("names", nargs="+", metavar="NAME")
     s.set_defaults(fn=cmd_snapshot)
 
-    s = sub.add_parser("checkpoints", help="every HF Trainer checkpoint in any snapshot or the live tree",
-                       description="Every complete HF Trainer checkpoint (checkpoint-N/ with its trainer_state.json) "
-                       "under PATH in any snapshot or the live tree, each once (the same save in many snapshots is "
-                       "one), newest save first, with its step, epoch and metrics and the snapshot to restore it from.",
+    s = sub.add_parser("checkpoints", help="every complete checkpoint in any snapshot or the live tree",
+                       description="Every complete checkpoint under PATH in any snapshot or the live tree: HF Trainer "
+                       "(checkpoint-N/ with its trainer_state.json), Lightning (NAME.ckpt), torch.distributed.checkpoint "
+                       "(a directory with .metadata), DeepSpeed (the tag directory its latest names). Each once (the "
+                       "same save in many snapshots is one), newest save first, with its kind, its step (Trainer: "
+                       "trainer_state.json; others: the number in the name, if any), epoch and metrics (Trainer only: "
+                       "no torch file is read) and the snapshot and cowfs restore command to get it back.",
                        epilog="example: cowfs checkpoints /mnt/ckpt /run1 --sort eval_loss")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("path", nargs="?", default="/", help="only checkpoints under this path (path inside the store, default /)")
     s.add_argument("--sort", metavar="METRIC[:min|max]",
-                   help="best first by this metric (names containing 'loss' are better lower; others need :min or :max)")
+                   help="best first by this HF Trainer metric (names containing 'loss' are better lower; others need :min "
+                   "or :max); checkpoints without it (every Lightning, DCP and DeepSpeed one) come last, newest first")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_checkpoints)
 
@@ -196,7 +216,8 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--keep-name", action="append", metavar="GLOB", help="keep snapshots whose name matches GLOB (repeatable)")
     s.add_argument("--keep-best", nargs=2, action="append", metavar=("METRIC[:min|max]", "N"),
                    help="keep a snapshot holding each of the N best HF Trainer checkpoints by METRIC (from "
-                   "trainer_state.json; names containing 'loss' are better lower, others need :min or :max; repeatable)")
+                   "trainer_state.json; names containing 'loss' are better lower, others need :min or :max; repeatable); "
+                   "Lightning, DCP and DeepSpeed checkpoints have no metrics and are ignored")
     s.add_argument("--keep-history", metavar="DURATION", help="keep versions the live tree replaced within DURATION (default: drop all history no snapshot holds)")
     s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     s.add_argument("--no-gc", action="store_true", help="do not reclaim space afterwards")

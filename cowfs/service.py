@@ -10,7 +10,7 @@ from typing import Any, Callable
 from .errors import CowfsError, InvalidArgument, IsADirectory, NotFound
 from .store import Store
 from .store import checkpoint_index
-from .store.checkpoint_index import Checkpoint, CheckpointIndex
+from .store.checkpoint_index import TRAINER_ONLY, Checkpoint, CheckpointIndex
 from .store.keep_best import Candidate, MetricSpec, ranked
 from .store.keep_best import keep_best as keep_best_of
 from .store.retention import KeepPolicy, plan
@@ -46,12 +46,12 @@ def snapshot_list(store: Store, checkpoints: bool = True) -> list[dict[str, Any]
     out = [{"name": s.name, "generation": s.gen, "created_ns": s.created_ns} for s in snaps]
     if not checkpoints or not snaps:
         return out
-    idx = checkpoint_index.build(store, snaps, live=False)
+    idx = checkpoint_index.build(store, snaps, live=False, kinds=TRAINER_ONLY)
     by_key = idx.by_key()
     for row in out:
         held = [by_key[k] for k in idx.in_snapshot.get(row["name"], [])]
         paths = [_path_in(c, row["name"]) for c in held]
-        row["checkpoint"] = {"path": paths[0], **held[0].state.to_json()} if held else None
+        row["checkpoint"] = {"path": paths[0], **_state_json(held[0])} if held else None
         row["checkpoints"] = paths
     return out
 
@@ -60,9 +60,17 @@ def _path_in(c: Checkpoint, snapshot: str | None) -> str:
     return next(loc.path for loc in c.locations if loc.snapshot == snapshot)
 
 
+def _state_json(c: Checkpoint) -> dict[str, Any]:
+    """step, epoch and metrics: from trainer_state.json, else the step in the name and no metrics."""
+    if c.state is not None:
+        return c.state.to_json()
+    return {"step": c.step, "epoch": None, "metrics": {}, "metrics_step": None, "best_metric": None,
+            "best_model_checkpoint": None}
+
+
 def _checkpoint_json(c: Checkpoint) -> dict[str, Any]:
     src = c.restore_from
-    return {"path": c.path, **c.state.to_json(), "generation": c.saved_gen, "saved_ns": c.saved_ns,
+    return {"kind": c.kind, "type": "dir" if c.is_dir else "file", "path": c.path, **_state_json(c), "generation": c.saved_gen, "saved_ns": c.saved_ns,
             "live": c.live is not None, "snapshot": src.snapshot if src else None,
             "snapshot_path": src.path if src else None, "snapshots": c.snapshots}
 
@@ -79,8 +87,9 @@ def _exists_somewhere(store: Store, path: str) -> None:
 
 
 def checkpoints(store: Store, path: str = "/", sort: str | None = None) -> dict[str, Any]:
-    """Every HF Trainer checkpoint under `path` in any snapshot or the live tree, each once,
-    the newest save first (or the best by `sort`, METRIC[:min|max], first)."""
+    """Every complete checkpoint (HF Trainer, Lightning, DCP, DeepSpeed) under `path` in any
+    snapshot or the live tree, each once, the newest save first (or the best by `sort`,
+    METRIC[:min|max], first; those without the metric last, newest first)."""
     if path.strip("/"):
         _exists_somewhere(store, path)
     spec = MetricSpec.parse(sort) if sort else None
@@ -93,9 +102,10 @@ def checkpoints(store: Store, path: str = "/", sort: str | None = None) -> dict[
 
 
 def _candidates(idx: CheckpointIndex) -> list[Candidate]:
+    """The Trainer checkpoints (the only ones with metrics) as --keep-best and --sort candidates."""
     held_with = {name: len(keys) for name, keys in idx.in_snapshot.items()}
     return [Candidate(c.key, c.state.global_step, c.path, c.state.metrics, tuple(c.snapshots), c.own_snapshot,
-                      held_with) for c in idx.checkpoints]
+                      held_with) for c in idx.checkpoints if c.state is not None]
 
 
 def snapshot_delete(store: Store, names: list[str]) -> list[str]:
@@ -233,7 +243,7 @@ def prune(store: Store, keep_last: int = 0, keep_within: str | None = None, keep
     decisions = plan(snaps, policy, more_rules=bool(best_rules))
     best = []
     if best_rules:
-        candidates = _candidates(checkpoint_index.build(store, snaps, live=False))
+        candidates = _candidates(checkpoint_index.build(store, snaps, live=False, kinds=TRAINER_ONLY))
         for spec, n in best_rules:
             best += keep_best_of(decisions, candidates, spec, n)
     out: dict[str, Any] = {

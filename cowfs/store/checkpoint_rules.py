@@ -34,6 +34,7 @@ LIGHTNING_LAST = re.compile(r"^last(-v\d+)?$")  # ModelCheckpoint.CHECKPOINT_NAM
 LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")  # the default filename "{epoch}-{step}" gives epoch=E-step=S
 DCP_METADATA = ".metadata"
 DEEPSPEED_LATEST = "latest"
+MAX_TAG_BYTES = 4096  # a DeepSpeed `latest` holds one tag
 TRAILING_NUMBER = re.compile(r"(\d+)$")
 RUN_SEPARATOR = ":"  # '/' of the run's path in a snapshot name
 MAX_NAME_BYTES = 255
@@ -72,7 +73,7 @@ def detect(event: Event) -> Trigger | None:
         if name == STATE_FILE and CHECKPOINT_DIR.match(ckpt_name) and not in_trainer_checkpoint(ckpt_parent):
             return Trigger(TRAINER, event.path, event.generation)
         return None
-    if name.endswith(LIGHTNING_SUFFIX) and len(name) > len(LIGHTNING_SUFFIX):
+    if is_lightning_file(name):
         return Trigger(LIGHTNING, event.path, event.generation)
     if name == DCP_METADATA:
         return Trigger(DCP, event.path, event.generation)
@@ -84,17 +85,39 @@ def detect(event: Event) -> Trigger | None:
 # -- names ---------------------------------------------------------------------------
 
 
+def trailing_step(name: str) -> int | None:
+    """N of a name ending in a number (global_step500, step-7, 42), else None."""
+    m = TRAILING_NUMBER.search(name)
+    return int(m.group(1)) if m else None
+
+
 def step_label(name: str) -> str:
     """`step-N` for a name ending in a number (global_step500, step-7, 42), else the name."""
-    m = TRAILING_NUMBER.search(name)
-    return f"step-{int(m.group(1))}" if m else name
+    step = trailing_step(name)
+    return f"step-{step}" if step is not None else name
+
+
+def is_lightning_file(name: str) -> bool:
+    """Whether a file of this name is a Lightning checkpoint (NAME.ckpt)."""
+    return name.endswith(LIGHTNING_SUFFIX) and len(name) > len(LIGHTNING_SUFFIX)
+
+
+def lightning_step(file_name: str) -> int | None:
+    """S of a file named with step=S (epoch=0-step=100.ckpt), else None (last.ckpt)."""
+    m = LIGHTNING_STEP.search(file_name[: -len(LIGHTNING_SUFFIX)])
+    return int(m.group(1)) if m else None
 
 
 def lightning_label(file_name: str) -> str:
     """`step-S` for a file named with step=S (epoch=0-step=100.ckpt), else its stem (last)."""
-    stem = file_name[: -len(LIGHTNING_SUFFIX)]
-    m = LIGHTNING_STEP.search(stem)
-    return f"step-{int(m.group(1))}" if m else stem
+    step = lightning_step(file_name)
+    return f"step-{step}" if step is not None else file_name[: -len(LIGHTNING_SUFFIX)]
+
+
+def deepspeed_tag(data: bytes) -> str | None:
+    """The tag a DeepSpeed `latest` file holds (one directory name), or None if it holds none."""
+    tag = data.decode(errors="replace").strip()
+    return None if not tag or "/" in tag or "\n" in tag or tag in (".", "..") else tag
 
 
 def lightning_is_last(file_name: str) -> bool:
@@ -158,4 +181,5 @@ class LightningLast:
 
 
 __all__ = ["Trigger", "detect", "snapshot_name", "name_with_suffix", "run_of", "step_label", "lightning_label",
+           "trailing_step", "lightning_step", "is_lightning_file", "deepspeed_tag", "in_trainer_checkpoint",
            "LightningLast", "TRAINER", "LIGHTNING", "DCP", "DEEPSPEED"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..errors import CowfsError, Exists, NotFound
 from . import checkpoint_rules as rules
 from . import namespace as ns
-from .checkpoint_index import TreeWalker
+from .checkpoint_walk import TreeWalker
 from .checkpoint_rules import Trigger
 from .schema import ROOT_INO
 from .trainer_state import MAX_STATE_BYTES, STATE_FILE, checkpoint_step, parse_trainer_state
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .snapshots import Snapshot
     from .store import Store
 
-MAX_TAG_BYTES = 4096  # a DeepSpeed `latest` holds one tag
+MAX_TAG_BYTES = rules.MAX_TAG_BYTES
 
 
 class NotComplete(Exception):
@@ -78,8 +78,8 @@ def plan(store: "Store", trigger: Trigger) -> Plan:
         label = rules.step_label(directory.rsplit("/", 1)[-1] or "root")
         return Plan(trigger, rules.snapshot_name(rules.run_of(trigger, directory), label), directory, directory,
                     attr.content_id)
-    tag = _read(store, attr.ino, gen, MAX_TAG_BYTES).decode(errors="replace").strip()
-    if not tag or "/" in tag or "\n" in tag or tag in (".", ".."):
+    tag = rules.deepspeed_tag(_read(store, attr.ino, gen, MAX_TAG_BYTES))
+    if tag is None:
         raise NotComplete(f"{trigger.path}: does not hold a checkpoint tag")
     tag_dir = f"{directory.rstrip('/')}/{tag}"
     try:

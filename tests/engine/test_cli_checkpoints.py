@@ -10,7 +10,7 @@ import pytest
 
 from cowfs.store import Store
 
-from tests.support.checkpointutil import rmtree, save
+from tests.support.checkpointutil import dcp_save, deepspeed_save, lightning_save, rmtree, save
 from tests.support.storeutil import assert_clean, new_store
 
 LOSSES = {100: 0.9, 200: 0.4, 300: 0.6, 400: 0.7}
@@ -63,7 +63,7 @@ def test_checkpoints_lists_each_save_once_newest_first(trained):
     assert by[100]["live"] is False and by[100]["snapshot"] == "run1@step-100"
     assert by[100]["snapshots"] == ["run1@step-100", "run1@step-200", "run1@step-300"]
     assert by[400]["live"] is True and by[400]["snapshot_path"] == "/run1/checkpoint-400"
-    assert {"path", "step", "epoch", "metrics", "generation", "saved", "live", "snapshot", "snapshot_path",
+    assert {"kind", "type", "restore", "path", "step", "epoch", "metrics", "generation", "saved", "live", "snapshot", "snapshot_path",
             "snapshots", "best_metric", "best_model_checkpoint", "metrics_step"} == set(by[100])
     ranked = json.loads(ok("checkpoints", str(trained), "/run1", "--sort", "eval_loss", "--json"))
     assert [c["step"] for c in ranked] == [200, 300, 400, 100]
@@ -128,8 +128,51 @@ def test_keep_best_on_a_store_without_checkpoints(tmp_path):
         s.snapshot_create("one")
     r = run("prune", str(path), "--keep-best", "eval_loss", "1")
     assert r.returncode == 2 and b"no snapshot holds an HF Trainer checkpoint" in r.stderr
-    assert b"no HF Trainer checkpoint" in run("checkpoints", str(path)).stdout
+    assert b"no complete checkpoint (HF Trainer" in run("checkpoints", str(path)).stdout
     assert json.loads(ok("checkpoints", str(path), "--json")) == []
+    assert_clean(path)
+
+
+def test_checkpoints_of_every_kind_with_their_restore_commands(tmp_path):
+    path = new_store(tmp_path / "store")
+    ck = "/lt/checkpoints"
+    with Store.open(path) as s:
+        s.snapshot_create("lt@step-100", lightning_save(s, ck, "epoch=0-step=100.ckpt", 1))
+        s.unlink(s.resolve(ck).ino, b"epoch=0-step=100.ckpt")
+        s.snapshot_create("dcp@step-7", dcp_save(s, "/dcp/step-7", 10))
+        rmtree(s, "/dcp/step-7")
+        s.snapshot_create("ds@step-10", deepspeed_save(s, "/ds", "global_step10", 30))
+        s.snapshot_create("ds@step-20", deepspeed_save(s, "/ds", "global_step20", 40))
+        rmtree(s, "/ds/global_step10")
+        s.snapshot_create("run1@step-300", save(s, "/run1", 300, 0.6))
+    found = json.loads(ok("checkpoints", str(path), "--json"))
+    assert [(c["kind"], c["type"], c["path"], c["step"], c["live"]) for c in found] == [
+        ("trainer", "dir", "/run1/checkpoint-300", 300, True),
+        ("deepspeed", "dir", "/ds/global_step20", 20, True),
+        ("deepspeed", "dir", "/ds/global_step10", 10, False),
+        ("dcp", "dir", "/dcp/step-7", 7, False),
+        ("lightning", "file", f"{ck}/epoch=0-step=100.ckpt", 100, False)]
+    by = {c["path"]: c for c in found}
+    assert by["/dcp/step-7"]["metrics"] == {} and by["/dcp/step-7"]["epoch"] is None
+    assert by["/ds/global_step10"]["snapshots"] == ["ds@step-10", "ds@step-20"]
+    assert by["/ds/global_step20"]["restore"] == f"cowfs restore {path} /ds/global_step20 --snapshot ds@step-20"
+    # --sort ranks by a Trainer metric: the others come last, newest first
+    ranked = json.loads(ok("checkpoints", str(path), "--sort", "eval_loss", "--json"))
+    assert [c["kind"] for c in ranked] == ["trainer", "deepspeed", "deepspeed", "dcp", "lightning"]
+    table = ok("checkpoints", str(path))
+    assert "KIND" in table and "lightning" in table and "/dcp/step-7/" in table
+    for c in found:
+        if not c["live"]:
+            assert c["restore"] in table
+            out = ok(*c["restore"].split()[1:])
+            assert ("restored " + c["path"] + ("/" if c["type"] == "dir" else "")) in out
+    assert all(c["live"] for c in json.loads(ok("checkpoints", str(path), "--json")))
+    with Store.open(path) as s:
+        assert s.read_file(f"{ck}/epoch=0-step=100.ckpt") == s.read_file(f"{ck}/epoch=0-step=100.ckpt",
+                                                                           s.snapshot("lt@step-100").gen)
+    # --keep-best ranks only the Trainer checkpoints
+    r = json.loads(ok("prune", str(path), "--keep-best", "eval_loss", "1", "--dry-run", "--json"))
+    assert {s["name"] for s in r["snapshots"] if s["keep"]} == {"run1@step-300"}
     assert_clean(path)
 
 

@@ -148,6 +148,12 @@ def test_lightning_like_checkpoints(store_path, tmp_path):
         # pinned at the .ckpt's commit: last.ckpt still pointed at the checkpoint before
         assert os.readlink(snap / "last.ckpt") == "epoch=0-step=100.ckpt"
         assert torch.load(snap / "last.ckpt", weights_only=True)["global_step"] == 100
+        found = json.loads(cowfs("checkpoints", str(m), "--json").stdout)  # through the daemon
+        v0 = "/lightning_logs/version_0/checkpoints"
+        assert {(c["kind"], c["path"], c["step"]) for c in found} == {
+            ("lightning", f"{v0}/epoch=0-step=100.ckpt", 100), ("lightning", f"{v0}/epoch=0-step=200.ckpt", 200),
+            ("lightning", f"{v0}/last.ckpt", None), ("lightning", "/lightning_logs/version_1/checkpoints/last.ckpt", None)}
+        assert {c["snapshot"] for c in found if c["step"] == 200} == {"lightning_logs:version_0@step-200"}
 
 
 def test_dcp_save_gets_a_snapshot(store_path, tmp_path):
@@ -165,6 +171,8 @@ def test_dcp_save_gets_a_snapshot(store_path, tmp_path):
             target = {"model": {"w": torch.zeros(20_000), "b": torch.zeros(100)}, "extra": {"step": 0}}
             dcp.load(target, checkpoint_id=str(snap))
         assert torch.equal(target["model"]["w"], state["model"]["w"]) and target["extra"]["step"] == 7
+        found = json.loads(cowfs("checkpoints", str(m), "--json").stdout)
+        assert [(c["kind"], c["path"], c["step"], c["snapshot"]) for c in found] == [("dcp", "/dcp/step-7", 7, "dcp@step-7")]
 
 
 def test_deepspeed_like_latest_waits_for_a_late_rank(store_path, tmp_path):

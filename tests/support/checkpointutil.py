@@ -29,6 +29,27 @@ def save(s: Store, run: str, step: int, eval_loss: float, seed: int | None = Non
     return s.write_file(f"{ck}/trainer_state.json", json.dumps(state).encode()).birth_gen
 
 
+def lightning_save(s: Store, ckdir: str, name: str, seed: int) -> int:
+    """A Lightning-like checkpoint: one file `ckdir/name` (torch.save's bytes stand-in); its commit's generation."""
+    mkdirs(s, ckdir)
+    return s.write_file(f"{ckdir}/{name}", data(30_000, seed)).birth_gen
+
+
+def dcp_save(s: Store, ckpt: str, seed: int, ranks: int = 2) -> int:
+    """A torch.distributed.checkpoint-like directory: `.distcp` files, then `.metadata` last."""
+    mkdirs(s, ckpt)
+    for r in range(ranks):
+        s.write_file(f"{ckpt}/__{r}_0.distcp", data(20_000, seed + r))
+    return s.write_file(f"{ckpt}/.metadata", data(500, seed + 100)).birth_gen
+
+
+def deepspeed_save(s: Store, save_dir: str, tag: str, seed: int) -> int:
+    """A DeepSpeed-like save: SAVE_DIR/TAG/ files, then SAVE_DIR/latest rewritten to TAG."""
+    mkdirs(s, f"{save_dir}/{tag}")
+    s.write_file(f"{save_dir}/{tag}/mp_rank_00_model_states.pt", data(20_000, seed))
+    s.write_file(f"{save_dir}/{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", data(20_000, seed + 1))
+    return s.write_file(f"{save_dir}/latest", tag.encode()).birth_gen
+
 def rmtree(s: Store, path: str) -> None:
     attr = s.resolve(path)
     for name, child in s.readdir(attr.ino):
