@@ -305,7 +305,6 @@ class StoreMachine(RuleBasedStateMachine):
         assert attr.nlink == self.links(src) and self.ino(path) == self.ino(src)
         self.check_file(path)
 
-    @precondition(lambda self: self.files or len(self.dirs) > 1)
     @precondition(lambda self: self.files)
     @rule(data=st.data(), name=st.sampled_from([b"user.a", b"user.b", b"trusted.t"]), remove=st.booleans())
     def xattr(self, data: st.DataObject, name: bytes, remove: bool) -> None:
@@ -325,6 +324,7 @@ class StoreMachine(RuleBasedStateMachine):
             body.xattrs[name] = value
         self.check_file(path)
 
+    @precondition(lambda self: self.files or len(self.dirs) > 1)
     @rule(data=st.data())
     def rmdir(self, data: st.DataObject) -> None:
         path = self.pick(data, self.entries(), "path")
