@@ -10,6 +10,7 @@ from typing import NoReturn, Sequence
 
 from .cli_common import TARGET_HELP, fmt_time, progress_bar
 from .cli_history import add_commands
+from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, StoreError
 from .store import Store
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_log)
 
     add_commands(sub)
+    add_remote_commands(sub)
 
     for name, fn, help_ in (("cat", cmd_cat, "write a file's bytes to stdout"), ("ls", cmd_ls, "list a directory")):
         s = sub.add_parser(name, help=help_, description=help_ + ", live or as of a snapshot or generation.",

@@ -87,3 +87,10 @@ class CorruptData(CowfsError):
 
 class CorruptCatalog(CorruptData):
     """The SQLite catalog is damaged: not a database, or pages that fail SQLite's checks."""
+
+
+class RemoteError(CowfsError):
+    """The remote tier (an S3 bucket) failed: unreachable endpoint, refused credentials,
+    missing bucket, or an object that is missing or damaged. One line, never a secret."""
+
+    errno = _errno.EIO

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .errors import CowfsError, InvalidArgument, IsADirectory, NotFound
+from .service_remote import OPS as remote_ops
 from .store import Store
 from .store import checkpoint_index
 from .store.checkpoint_index import TRAINER_ONLY, Checkpoint, CheckpointIndex
@@ -18,7 +19,7 @@ from .units import duration_ns
 
 
 Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
-WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact"})
+WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact", "remote_push"})
 
 
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:
@@ -284,4 +285,5 @@ OPS: dict[str, Callable[..., Any]] = {
     "prune": prune,
     "diff": diff,
     "checkpoints": checkpoints,
+    **remote_ops,
 }

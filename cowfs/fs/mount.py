@@ -31,6 +31,7 @@ from ..units import parse_duration
 from .control_server import serve_control
 from .openers import mount_id
 from .idle_compaction import compact_when_idle
+from .remote_uploads import upload_in_background
 from .operations import CowfsOperations
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
 
@@ -127,6 +128,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         if compact_idle is not None:
             nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(_tune_readahead, mountpoint)
+        nursery.start_soon(upload_in_background, ops)
         await pyfuse3.main()
         ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
         await ops.commit_all()

@@ -223,6 +223,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "fsck": ("fsck", "{T}"),
     "mount": ("mount", "{T}", "{M}"),
     "umount": ("umount", "{T}"),
+    "remote-status": ("remote", "status", "{T}"),
+    "remote-push": ("remote", "push", "{T}"),
 }
 
 
@@ -298,6 +300,10 @@ ARGUMENTS: list[tuple[tuple[str, ...], str]] = [
     (("log", "{T}", "/run/missing.pt"), "never existed"),
     (("restore", "{T}", "/run/model.pt", "--snapshot", "one", "--to", "/nodir/model.pt"), "no such file or directory"),
     (("prune", "{T}"), "no keep rule given"),
+    (("remote", "push", "{T}"), "no remote set"),
+    (("remote", "set", "{T}", "http://bucket/x"), "a remote is written s3://BUCKET/PREFIX"),
+    (("remote", "set", "{T}", "s3://Bad_Bucket/x"), "is not a valid bucket name"),
+    (("remote", "set", "{T}", "s3://bucket/x", "--endpoint", "ftp://h"), "the endpoint is an http:// or https:// URL"),
     (("prune", "{T}", "--keep-last", "-1"), "--keep-last must be 0 or more"),
     (("prune", "{T}", "--keep-daily", "-3", "--dry-run"), "--keep-daily must be 0 or more"),
     (("prune", "{T}", "--keep-within", "soon"), "not a duration"),

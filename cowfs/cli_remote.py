@@ -1,0 +1,80 @@
+"""The `cowfs remote` commands: set, unset, status, push (docs/cli.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from .cli_common import TARGET_HELP, progress_bar
+from .control import Target
+from .units import human_bytes
+
+
+def cmd_remote(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        if args.action == "set":
+            creds = None if args.credentials is None else os.path.abspath(args.credentials)
+            r = t.call("remote_set", url=args.url, endpoint=args.endpoint, region=args.region,
+                       credentials_file=creds, profile=args.profile, create_bucket=args.create_bucket)
+            made = " (bucket created)" if r["bucket_created"] else ""
+            print(f"remote {r['remote']}{made}: new versions are uploaded in the background while mounted; "
+                  f"`cowfs remote push {args.store}` uploads now")
+        elif args.action == "unset":
+            r = t.call("remote_unset")
+            print("remote removed (the bucket is left as it is)" if r["removed"] else "no remote was set")
+        elif args.action == "push":
+            r = t.call("remote_push", progress=progress_bar("uploading", human_bytes))
+            if args.json:
+                print(json.dumps(r, indent=2))
+            elif r["skipped"]:
+                print(f"nothing new: generation {r['generation']} is already in the bucket")
+            else:
+                print(f"generation {r['generation']} in the bucket: {r['chunks']} chunks in {r['packs']} packs, "
+                      f"{human_bytes(r['bytes'])} uploaded, catalog {human_bytes(r['catalog_bytes'])}, "
+                      f"{r['seconds']:.1f} s")
+        else:
+            _print_status(t.call("remote_status"), args.json)
+    return 0
+
+
+def _print_status(s: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(s, indent=2))
+        return
+    if s["remote"] is None:
+        print("no remote set")
+        return
+    print(f"remote:      {s['remote']}" + (f" at {s['endpoint']}" if s["endpoint"] else ""))
+    print(f"uploaded:    generation {s['catalog_generation']} of {s['generation']}")
+    print(f"bucket:      {s['chunks']} chunks in {s['packs']} packs, {human_bytes(s['pack_bytes'])} "
+          f"({human_bytes(s['uploaded_bytes'])} uploaded by this store)")
+    if s.get("last_error"):
+        print(f"last error:  {s['last_error']}")
+
+
+def add_commands(sub: Any) -> None:
+    s = sub.add_parser("remote", help="keep the store's versions in an S3 bucket as well",
+                       description="Set, check and run the upload of the store's chunks and catalog to an S3 bucket "
+                       "(Ceph RGW, AWS S3 or any S3-compatible engine). Credentials come from AWS_ACCESS_KEY_ID "
+                       "and AWS_SECRET_ACCESS_KEY, or from --credentials FILE; they are never written into the store.",
+                       epilog="example: cowfs remote set /data/store s3://ckpts/run1 --endpoint http://rgw:7480")
+    act = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = act.add_parser("set", help="upload to this bucket and prefix from now on",
+                       epilog="example: cowfs remote set /data/store s3://ckpts/run1 --endpoint http://rgw:7480")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    c.add_argument("url", metavar="s3://BUCKET/PREFIX")
+    c.add_argument("--endpoint", metavar="URL", help="the S3 endpoint (default: AWS for --region)")
+    c.add_argument("--region", help="region name (default us-east-1)")
+    c.add_argument("--credentials", metavar="FILE", help="an AWS credentials file outside the store ([default] "
+                   "aws_access_key_id, aws_secret_access_key)")
+    c.add_argument("--profile", help="its section (default: default)")
+    c.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
+    for name, help_ in (("status", "what the bucket holds of this store"),
+                        ("push", "upload what the bucket lacks of the current generation, now"),
+                        ("unset", "stop uploading (nothing is deleted from the bucket)")):
+        c = act.add_parser(name, help=help_, epilog=f"example: cowfs remote {name} /mnt/ckpt")
+        c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+        if name != "unset":
+            c.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_remote)

@@ -1,0 +1,90 @@
+"""The daemon's uploader: after each committed change, the store's new chunks and catalog go
+to its bucket (remote/upload.py) from a worker thread, off the write path.
+
+A commit only wakes this task (a store subscriber hands a flag to the trio loop); a pass
+uploads everything committed by the time it copies the catalog, so changes made during a
+pass are taken by the next one. Failures (network down, engine refusing) are logged and
+retried with backoff; nothing is lost meanwhile, since the local log holds every version.
+"""
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ..errors import CowfsError
+from ..remote.tier import tier_of
+from ..store.events import Event
+from .operations import CowfsOperations
+
+log = logging.getLogger("cowfs.remote")
+CONFIG_CHECK = 1.0  # seconds between looks for a remote set while mounted
+CATCH_UP = 10.0  # seconds between looks at the generation when no event came
+RETRY_FIRST = 1.0
+RETRY_MAX = 60.0
+PUSHED_LOG = "uploaded generation %d: %d chunks in %d packs (%d bytes), catalog %d bytes, in %.2fs"
+
+
+async def upload_in_background(ops: CowfsOperations) -> None:
+    store = ops.store
+    tier = tier_of(store)
+    token = trio.lowlevel.current_trio_token()
+    wake = trio.Event()
+    dirty = True  # what an earlier run left unpushed is pushed first
+
+    def changed() -> None:
+        nonlocal dirty
+        dirty = True
+        wake.set()
+
+    def deliver(_event: Event) -> None:
+        try:
+            token.run_sync_soon(changed)
+        except trio.RunFinishedError:
+            pass
+
+    unsubscribe = None
+    retry = 0.0
+    pushed_gen = -1
+    try:
+        while not ops.handles.unmounting:
+            if tier.config is None:
+                if unsubscribe is not None:
+                    unsubscribe()
+                    unsubscribe = None
+                dirty = True
+                await trio.sleep(CONFIG_CHECK)
+                continue
+            if unsubscribe is None:
+                unsubscribe = store.events.subscribe(deliver)
+            if not dirty:
+                # changes that publish no event (mkdir, chmod, xattrs) are caught by a look at
+                # the generation now and then, from a worker thread
+                with trio.move_on_after(CATCH_UP):
+                    await wake.wait()
+                if not dirty and await trio.to_thread.run_sync(lambda: store.generation) == pushed_gen:
+                    continue
+            wake = trio.Event()
+            dirty = False
+            try:
+                report = await trio.to_thread.run_sync(
+                    lambda: tier.push(stop=lambda: ops.handles.unmounting))
+            except CowfsError as e:
+                dirty = True
+                retry = min(max(retry * 2, RETRY_FIRST), RETRY_MAX)
+                log.warning("upload failed (retrying in %.0f s): %s", retry, e)
+                await trio.sleep(retry)
+                continue
+            except Exception:  # noqa: BLE001 - the daemon goes on serving; it tries again later
+                log.exception("upload failed")
+                dirty = True
+                await trio.sleep(RETRY_MAX)
+                continue
+            retry = 0.0
+            pushed_gen = report.generation
+            if not report.skipped:
+                log.info(PUSHED_LOG, report.generation, report.chunks, report.packs, report.bytes,
+                         report.catalog_bytes, report.seconds)
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()

@@ -1,0 +1,55 @@
+"""Chunks read back from the bucket by their id: a ranged GET of the record, checked like a
+read from the log (header, id, length, payload CRC, BLAKE3 of the decoded bytes), delta
+bases fetched the same way. A missing or damaged object raises CorruptData (EIO)."""
+from __future__ import annotations
+
+from ..errors import CorruptData, RemoteError
+from ..store.codecs import MAX_CHAIN, decode
+from ..store.log import check_chunk
+from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header
+from .packs import PackEntry
+from .s3 import Bucket, MissingObject
+from .state import RemoteState
+
+
+class RemoteChunks:
+    def __init__(self, bucket: Bucket, state: RemoteState) -> None:
+        self.bucket = bucket
+        self.state = state
+
+    def record(self, chunk_id: bytes) -> tuple[PackEntry, memoryview]:
+        """The chunk's entry and its record's payload as stored (checked against its CRC)."""
+        entry = self.state.where(chunk_id)
+        pack = self.state.pack_of(chunk_id)
+        if entry is None or pack is None:
+            raise CorruptData(f"chunk {chunk_id.hex()[:16]}: in no pack of {self.bucket.cfg.url}")
+        key = self.bucket.key("packs", pack)
+        where = f"chunk {chunk_id.hex()[:16]} in {key} at offset {entry.offset}"
+        try:
+            data = memoryview(self.bucket.get_range(key, entry.offset, entry.span))
+        except MissingObject:
+            raise CorruptData(f"{where}: the pack is missing from the bucket") from None
+        except RemoteError as e:
+            raise CorruptData(f"{where}: {e}") from None
+        try:
+            head = decode_record_header(data[:HEADER_SIZE])
+            if head.chunk_id != chunk_id or head.stored_len != entry.stored_len:
+                raise RecordError("record does not hold the expected chunk")
+            payload = data[HEADER_SIZE:HEADER_SIZE + head.stored_len]
+            check_payload(head, payload)
+        except RecordError as e:
+            raise CorruptData(f"{where}: {e}") from None
+        return entry, payload
+
+    def read(self, chunk_id: bytes, depth: int = 1) -> bytes | memoryview:
+        """The chunk's raw bytes, verified against its id."""
+        entry, payload = self.record(chunk_id)
+
+        def base_raw(base_id: bytes) -> bytes | memoryview:
+            if depth >= MAX_CHAIN:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: delta chain longer than {MAX_CHAIN} records")
+            return self.read(base_id, depth + 1)
+
+        raw = decode(entry.codec, payload, entry.raw_len, base_raw)
+        check_chunk(chunk_id, raw)
+        return raw

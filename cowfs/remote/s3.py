@@ -1,0 +1,206 @@
+"""A bucket of an S3 engine, through boto3: the few calls the remote tier makes, each
+failure turned into one line (`RemoteError`) that names the endpoint and never a key.
+
+Retries: botocore's "standard" mode (exponential backoff with jitter, up to
+`MAX_ATTEMPTS` tries for throttling, 5xx and connection errors). Large objects go up as
+multipart uploads of `PART_SIZE` parts, `UPLOAD_THREADS` at a time.
+"""
+from __future__ import annotations
+
+import configparser
+import errno as _errno
+import io
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import boto3
+import botocore.exceptions as bexc
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from ..errors import RemoteError
+from .config import RemoteAddress, RemoteConfig
+
+MAX_ATTEMPTS = 6
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 60.0
+PART_SIZE = 16 << 20
+UPLOAD_THREADS = 4
+
+
+class MissingObject(RemoteError):
+    """An object the catalog or an index names is not in the bucket."""
+
+
+class AccessDenied(RemoteError):
+    errno = _errno.EACCES
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    size: int
+
+
+def _credentials(cfg: RemoteConfig) -> dict[str, str]:
+    """Keys from the credentials file the config names; {} to use boto3's own chain
+    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, then ~/.aws/credentials)."""
+    if cfg.credentials_file is None:
+        return {}
+    parser = configparser.ConfigParser()
+    try:
+        with open(cfg.credentials_file) as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error) as e:
+        raise RemoteError(f"{cfg.credentials_file}: unreadable credentials file ({type(e).__name__})") from None
+    section = cfg.profile or "default"
+    if not parser.has_section(section):
+        raise RemoteError(f"{cfg.credentials_file}: no [{section}] section")
+    sec = parser[section]
+    if "aws_access_key_id" not in sec or "aws_secret_access_key" not in sec:
+        raise RemoteError(f"{cfg.credentials_file}: [{section}] needs aws_access_key_id and aws_secret_access_key")
+    out = {"aws_access_key_id": sec["aws_access_key_id"], "aws_secret_access_key": sec["aws_secret_access_key"]}
+    if "aws_session_token" in sec:
+        out["aws_session_token"] = sec["aws_session_token"]
+    return out
+
+
+class Bucket:
+    """One bucket and prefix; safe to use from several threads."""
+
+    def __init__(self, cfg: RemoteConfig) -> None:
+        self.cfg = cfg
+        self.address: RemoteAddress = cfg.address
+        self.where = f"{cfg.url} at {cfg.endpoint or 'the AWS default endpoint'}"
+        session = boto3.session.Session(**_credentials(cfg))
+        config = Config(
+            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+            connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
+            s3={"addressing_style": "path"}, signature_version="s3v4",
+            max_pool_connections=2 * UPLOAD_THREADS + 4,
+        )
+        self.client = session.client("s3", endpoint_url=cfg.endpoint, region_name=cfg.region or "us-east-1",
+                                     config=config)
+        self.transfer = TransferConfig(multipart_threshold=PART_SIZE, multipart_chunksize=PART_SIZE,
+                                       max_concurrency=UPLOAD_THREADS, use_threads=True)
+        self._lock = threading.Lock()
+
+    def key(self, *parts: str) -> str:
+        return self.address.key(*parts)
+
+    # -- errors ---------------------------------------------------------------
+
+    def _error(self, e: Exception, what: str) -> RemoteError:
+        if isinstance(e, bexc.NoCredentialsError):
+            return AccessDenied(f"{self.where}: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                                "or give --credentials FILE)")
+        if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError, bexc.ReadTimeoutError,
+                          bexc.ConnectionClosedError)):
+            return RemoteError(f"{self.where}: cannot reach the endpoint ({type(e).__name__}) while {what}")
+        if isinstance(e, bexc.ClientError):
+            err = e.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") and "bucket" not in what:
+                return MissingObject(f"{self.where}: {what}: no such object")
+            if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and "bucket" in what):
+                return RemoteError(f"{self.where}: the bucket {self.address.bucket} does not exist")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") or status == 403:
+                return AccessDenied(f"{self.where}: the endpoint refused the credentials ({code}) while {what}")
+            return RemoteError(f"{self.where}: {code or status} while {what}")
+        if isinstance(e, bexc.BotoCoreError):
+            return RemoteError(f"{self.where}: {type(e).__name__} while {what}")
+        return RemoteError(f"{self.where}: {type(e).__name__}: {e} while {what}")
+
+    def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+        try:
+            return fn(**kw)
+        except (bexc.BotoCoreError, bexc.ClientError) as e:
+            raise self._error(e, what) from None
+
+    # -- calls ----------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise RemoteError unless the bucket answers to these credentials."""
+        self._call("checking the bucket", self.client.head_bucket, Bucket=self.address.bucket)
+
+    def create_bucket(self) -> bool:
+        """Make the bucket; False if it was already there (and ours)."""
+        try:
+            self.client.create_bucket(Bucket=self.address.bucket)
+            return True
+        except bexc.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                self.check()
+                return False
+            raise self._error(e, "creating the bucket") from None
+        except bexc.BotoCoreError as e:
+            raise self._error(e, "creating the bucket") from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.address.bucket, Key=key)
+            return True
+        except bexc.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._error(e, f"looking for {key}") from None
+        except bexc.BotoCoreError as e:
+            raise self._error(e, f"looking for {key}") from None
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Store `data` under `key` (multipart above PART_SIZE); the object appears whole or not at all."""
+        what = f"uploading {key}"
+        try:
+            if len(data) <= PART_SIZE:
+                self.client.put_object(Bucket=self.address.bucket, Key=key, Body=bytes(data))
+            else:
+                self.client.upload_fileobj(io.BytesIO(data), self.address.bucket, key, Config=self.transfer)
+        except (bexc.BotoCoreError, bexc.ClientError) as e:
+            raise self._error(e, what) from None
+        except Exception as e:  # noqa: BLE001 (s3transfer wraps failures of its threads)
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, (bexc.BotoCoreError, bexc.ClientError)):
+                raise self._error(cause, what) from None
+            raise RemoteError(f"{self.where}: {type(e).__name__} while {what}") from None
+
+    def get(self, key: str) -> bytes:
+        resp = self._call(f"reading {key}", self.client.get_object, Bucket=self.address.bucket, Key=key)
+        return self._body(resp, key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes start..start+length of an object (one ranged GET)."""
+        if length <= 0:
+            return b""
+        resp = self._call(f"reading {key}", self.client.get_object, Bucket=self.address.bucket, Key=key,
+                          Range=f"bytes={start}-{start + length - 1}")
+        data = self._body(resp, key)
+        if len(data) != length:
+            raise RemoteError(f"{self.where}: {key} is shorter than expected ({start + len(data)} bytes)")
+        return data
+
+    def _body(self, resp: dict[str, Any], key: str) -> bytes:
+        try:
+            return resp["Body"].read()
+        except (bexc.BotoCoreError, OSError) as e:
+            raise RemoteError(f"{self.where}: the connection dropped while reading {key} ({type(e).__name__})") from None
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object whose key starts with `prefix`, in key order."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.address.bucket, Prefix=prefix)
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield ListedObject(obj["Key"], int(obj["Size"]))
+        except (bexc.BotoCoreError, bexc.ClientError) as e:
+            raise self._error(e, f"listing {prefix}") from None
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            part = keys[i:i + 1000]
+            resp = self._call("deleting objects", self.client.delete_objects, Bucket=self.address.bucket,
+                              Delete={"Objects": [{"Key": k} for k in part], "Quiet": True})
+            errors = resp.get("Errors") or []
+            if errors:
+                raise RemoteError(f"{self.where}: deleting {errors[0].get('Key')}: {errors[0].get('Code')}")

@@ -1,0 +1,95 @@
+"""A store's remote tier as one object: its config, its bucket, and one pass at a time.
+
+`tier_of(store)` gives the same `RemoteTier` to the CLI's requests and to the daemon's
+background uploader, so an upload asked for by hand and one started by a commit never run
+together.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import RemoteError
+from .config import REMOTE_STATE_FILE, RemoteConfig, read_remote_config, remove_remote_config, write_remote_config
+from .s3 import Bucket
+from .state import RemoteState
+from .upload import PushReport, push
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+_tiers: "weakref.WeakKeyDictionary[Store, RemoteTier]" = weakref.WeakKeyDictionary()
+_tiers_lock = threading.Lock()
+
+
+class RemoteTier:
+    def __init__(self, store: "Store") -> None:
+        self.store = store
+        self._lock = threading.Lock()  # one pass (or config change) at a time
+        self._bucket: Bucket | None = None
+        self._config: RemoteConfig | None = read_remote_config(store.root)
+        self.last: PushReport | None = None
+        self.last_error: str | None = None
+
+    @property
+    def config(self) -> RemoteConfig | None:
+        return self._config
+
+    def bucket(self) -> Bucket:
+        if self._config is None:
+            raise RemoteError(f"{self.store.root}: no remote set (cowfs remote set STORE s3://BUCKET/PREFIX)")
+        if self._bucket is None:
+            self._bucket = Bucket(self._config)
+        return self._bucket
+
+    def set(self, cfg: RemoteConfig, create_bucket: bool = False) -> bool:
+        """Check that the bucket answers, then keep `cfg`; returns whether the bucket was made."""
+        bucket = Bucket(cfg)
+        made = bucket.create_bucket() if create_bucket else False
+        if not made:
+            bucket.check()
+        with self._lock:
+            write_remote_config(self.store.root, cfg)
+            self._config, self._bucket = cfg, bucket
+        return made
+
+    def unset(self) -> bool:
+        with self._lock:
+            self._config, self._bucket = None, None
+            return remove_remote_config(self.store.root)
+
+    def push(self, progress: Callable[[int, int], None] | None = None,
+             stop: Callable[[], bool] | None = None) -> PushReport:
+        with self._lock:
+            bucket = self.bucket()
+            state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
+            try:
+                report = push(self.store, bucket, state, progress=progress, stop=stop)
+                self.last, self.last_error = report, None
+                return report
+            except RemoteError as e:
+                self.last_error = str(e)
+                raise
+            finally:
+                state.close()
+
+    def status(self) -> dict[str, Any]:
+        if self._config is None:
+            return {"remote": None}
+        state = RemoteState(self.store.root / REMOTE_STATE_FILE, self._config.url)  # WAL: reads beside a pass
+        try:
+            totals = state.totals()
+        finally:
+            state.close()
+        return {"remote": self._config.url, "endpoint": self._config.endpoint, **totals,
+                "generation": self.store.generation,
+                "last_push": None if self.last is None else self.last.to_json(), "last_error": self.last_error}
+
+
+def tier_of(store: "Store") -> RemoteTier:
+    with _tiers_lock:
+        tier = _tiers.get(store)
+        if tier is None:
+            tier = _tiers[store] = RemoteTier(store)
+        return tier

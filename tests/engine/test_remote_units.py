@@ -1,0 +1,126 @@
+"""The remote tier's parts that need no bucket: addresses, config, packs and indexes, remote.db."""
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+
+import pytest
+
+from cowfs.errors import CorruptData, InvalidArgument, RemoteError
+from cowfs.remote.config import (REMOTE_FILE, RemoteConfig, parse_url, read_remote_config, remove_remote_config,
+                                 write_remote_config)
+from cowfs.remote.packs import PackBuilder, decode_index, entries_of_pack, is_pack_name, pack_name
+from cowfs.remote.state import RemoteState
+from cowfs.remote.upload import copy_catalog
+from cowfs.store import ROOT_INO
+from cowfs.store.chunking import chunk_id
+from cowfs.store.records import CODEC_RAW, encode_record
+
+
+def test_parse_url():
+    a = parse_url("s3://ckpts/run1/a/")
+    assert (a.bucket, a.prefix, a.url) == ("ckpts", "run1/a", "s3://ckpts/run1/a")
+    assert a.key("packs", "x") == "run1/a/packs/x"
+    b = parse_url("s3://ckpts")
+    assert b.prefix == "" and b.key("index", "y") == "index/y"
+    for bad in ("http://x/y", "s3://A_b/x", "s3://ab", "s3://ok-bucket/a//b", "s3://ok-bucket/../x"):
+        with pytest.raises(InvalidArgument):
+            parse_url(bad)
+
+
+def test_config_round_trip_and_checks(tmp_path):
+    root = tmp_path / "store"
+    root.mkdir()
+    assert read_remote_config(root) is None
+    creds = tmp_path / "creds"
+    creds.write_text("[default]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    cfg = RemoteConfig("s3://ckpts/run1", endpoint="http://127.0.0.1:9", credentials_file=str(creds))
+    write_remote_config(root, cfg)
+    assert read_remote_config(root) == cfg
+    data = json.loads((root / REMOTE_FILE).read_text())
+    assert data["format"] == "cowfs-remote" and "secret" not in json.dumps(data)
+    inside = root / "creds"
+    inside.write_text(creds.read_text())
+    for bad in (RemoteConfig("s3://ckpts/x", endpoint="ftp://h"),
+                RemoteConfig("s3://ckpts/x", credentials_file="relative/creds"),
+                RemoteConfig("s3://ckpts/x", credentials_file=str(inside)),
+                RemoteConfig("s3://ckpts/x", credentials_file=str(tmp_path / "missing"))):
+        with pytest.raises(InvalidArgument):
+            write_remote_config(root, bad)
+    assert read_remote_config(root) == cfg  # a refused change leaves the old one
+    (root / REMOTE_FILE).write_text("{not json")
+    with pytest.raises(RemoteError, match="unreadable remote config"):
+        read_remote_config(root)
+    assert remove_remote_config(root) and not remove_remote_config(root)
+
+
+def _records(n: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        raw = rng.randbytes(rng.randrange(1, 5000))
+        out.append((chunk_id(raw), encode_record(chunk_id(raw), raw, len(raw), CODEC_RAW)))
+    return out
+
+
+def _pack(records: list[tuple[bytes, bytes]]) -> tuple[str, bytes, bytes]:
+    b = PackBuilder()
+    for cid, rec in records:
+        n = int.from_bytes(rec[8:12], "little")
+        b.add(rec, cid, n, n, CODEC_RAW)
+    return b.finish()
+
+
+def test_pack_and_index_round_trip():
+    recs = _records(20)
+    name, data, index = _pack(recs)
+    assert is_pack_name(name) and name == pack_name(data)
+    idx = decode_index(index, expect_name=name)
+    assert idx.size == len(data) and [e.chunk_id for e in idx.entries] == [c for c, _ in recs]
+    # the index is a function of the pack's bytes: adopting a pack rebuilds it exactly
+    assert entries_of_pack(data) == idx.entries
+    for e in idx.entries:
+        assert data[e.offset + 16:e.offset + 48] == e.chunk_id
+
+
+def test_damaged_pack_and_index_are_refused():
+    name, data, index = _pack(_records(5, seed=1))
+    bad = bytearray(data)
+    bad[200] ^= 1
+    with pytest.raises(CorruptData):
+        entries_of_pack(bytes(bad))
+    with pytest.raises(CorruptData, match="checksum"):
+        decode_index(index[:-5] + bytes([index[-5] ^ 1]) + index[-4:])
+    with pytest.raises(CorruptData, match="truncated"):
+        decode_index(index[:10])
+    other, _, _ = _pack(_records(2, seed=2))
+    with pytest.raises(CorruptData, match="names pack"):
+        decode_index(index, expect_name=other)
+
+
+def test_state_is_a_cache_of_one_bucket(tmp_path):
+    recs = _records(6, seed=3)
+    name, data, index = _pack(recs)
+    st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")
+    st.add_pack(name, len(data), decode_index(index).entries, mine=True)
+    st.add_pack(name, len(data), decode_index(index).entries, mine=True)  # again: no change
+    hashes = [c for c, _ in recs]
+    assert st.has(hashes + [b"\0" * 32]) == set(hashes)
+    assert st.pack_of(hashes[2]) == name and st.where(hashes[2]).offset == decode_index(index).entries[2].offset
+    assert st.totals()["packs"] == 1 and st.totals()["uploaded_bytes"] == len(data)
+    st.close()
+    # another bucket: the facts about the first are forgotten
+    st = RemoteState(tmp_path / "remote.db", "s3://b-bucket/p")
+    assert st.has(hashes) == set() and st.totals()["packs"] == 0
+    st.close()
+
+
+def test_copy_catalog_is_one_generation(store, tmp_path):
+    store.mkdir(ROOT_INO, b"run")
+    store.write_file("/run/x", b"x")
+    assert copy_catalog(store, tmp_path / "copy.db") == store.generation
+    conn = sqlite3.connect(tmp_path / "copy.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+    assert pack_name(b"") == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"  # BLAKE3 of nothing

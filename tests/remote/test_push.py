@@ -1,0 +1,183 @@
+"""Upload passes against the real RGW: what lands in the bucket, dedup across stores, passes
+cut short (network errors, a kill -9), gc and compaction meanwhile, and bad settings."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cowfs.errors import InvalidArgument, RemoteError
+from cowfs.remote.config import RemoteConfig
+from cowfs.remote.s3 import AccessDenied, Bucket
+from cowfs.remote.tier import tier_of
+from cowfs.store import ROOT_INO, Store
+from tests.support.remoteutil import bucket_objects, read_back
+from tests.support.storeutil import assert_clean, data, new_store
+
+
+def configure(store: Store, rgw, bucket: str, prefix: str = "p") -> RemoteConfig:
+    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.endpoint)
+    tier_of(store).set(cfg)
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def aws_env(rgw, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.secret_key)
+
+
+def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        s.write_file("/run/a.bin", data(3 << 20, 1))
+        s.write_file("/run/b.bin", data(1 << 20, 2) * 2)  # repeats itself: its chunks are stored once
+        s.snapshot_create("one")
+        cfg = configure(s, rgw, s3_bucket)
+        first = tier_of(s).push()
+        assert first.packs >= 1 and first.generation == s.generation and not first.skipped
+        objs = bucket_objects(cfg)
+        packs = [k for k in objs if "/packs/" in k]
+        assert len(packs) == first.packs and all(k.replace("/packs/", "/index/") in objs for k in packs)
+        assert sum(objs[k] for k in packs) == first.bytes
+        assert tier_of(s).push().skipped  # nothing new
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": data(3 << 20, 1), "/run/b.bin": data(1 << 20, 2) * 2}
+        # a new version: only its new chunks go up
+        s.write_file("/run/a.bin", data(3 << 20, 1)[:2 << 20] + data(1 << 20, 3))
+        second = tier_of(s).push()
+        assert 0 < second.bytes < 2 << 20
+        assert read_back(cfg, s.config.store_uuid, tmp_path)["/run/a.bin"] == data(3 << 20, 1)[:2 << 20] + data(1 << 20, 3)
+        assert tier_of(s).status()["catalog_generation"] == s.generation
+    assert_clean(path)
+
+
+def test_two_stores_sharing_a_prefix_store_each_chunk_once(tmp_path, rgw, s3_bucket):
+    series = [data(2 << 20, k) for k in range(3)]
+    pack_bytes = []
+    for name in ("s1", "s2"):
+        path = new_store(tmp_path / name)
+        with Store.open(path) as s:
+            s.mkdir(ROOT_INO, b"run")
+            cfg = configure(s, rgw, s3_bucket, prefix="shared")
+            for k, blob in enumerate(series):
+                s.write_file(f"/run/ckpt-{k}.bin", blob)
+                tier_of(s).push()
+            pack_bytes.append(tier_of(s).status()["uploaded_bytes"])
+        assert_clean(path)
+    objs = bucket_objects(cfg)
+    in_packs = sum(n for k, n in objs.items() if "/packs/" in k)
+    assert pack_bytes[1] == 0, "the second store found every chunk already in the bucket"
+    assert in_packs == pack_bytes[0] and in_packs < sum(map(len, series)) * 1.01
+    assert len([k for k in objs if "/catalog/" in k]) == 2 * 3  # each store keeps its newest 3
+
+
+def test_a_pack_whose_index_was_not_written_is_adopted(tmp_path, rgw, s3_bucket, monkeypatch):
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        s.write_file("/run/a.bin", data(2 << 20, 7))
+        cfg = configure(s, rgw, s3_bucket)
+        real_put = Bucket.put
+
+        def put_but_not_indexes(self, key, payload):  # the network drops after the pack's PUT
+            if "/index/" in key:
+                raise RemoteError("connection dropped (test)")
+            return real_put(self, key, payload)
+
+        monkeypatch.setattr(Bucket, "put", put_but_not_indexes)
+        with pytest.raises(RemoteError, match="dropped"):
+            tier_of(s).push()
+        monkeypatch.setattr(Bucket, "put", real_put)
+        objs = bucket_objects(cfg)
+        assert len([k for k in objs if "/packs/" in k]) == 1 and not [k for k in objs if "/index/" in k]
+        report = tier_of(s).push()
+        assert report.adopted == 1 and report.packs == 0 and report.bytes == 0
+        objs = bucket_objects(cfg)
+        assert len([k for k in objs if "/packs/" in k]) == 1 and len([k for k in objs if "/index/" in k]) == 1
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": data(2 << 20, 7)}
+    assert_clean(path)
+
+
+PUSH_SCRIPT = """
+import sys
+from cowfs.store import Store
+from cowfs.remote.tier import tier_of
+from cowfs.remote import upload
+upload.PACK_SIZE = 1 << 20  # many packs: the kill lands between two of them
+real = upload._upload_pack
+def slow(*a, **k):
+    real(*a, **k)
+    print("pack", flush=True)
+upload._upload_pack = slow
+with Store.open(sys.argv[1]) as s:
+    tier_of(s).push(stop=None)
+"""
+
+
+def test_push_killed_midway_resumes_without_leaving_garbage(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        for k in range(4):
+            s.write_file(f"/run/part-{k}.bin", data(2 << 20, 20 + k))
+        cfg = configure(s, rgw, s3_bucket)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", PUSH_SCRIPT, str(path)], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "pack"
+        assert proc.stdout.readline().strip() == "pack"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    with Store.open(path) as s:
+        before = {k for k in bucket_objects(cfg) if "/packs/" in k}
+        report = tier_of(s).push()
+        objs = bucket_objects(cfg)
+        packs = {k for k in objs if "/packs/" in k}
+        # every pack the killed pass wrote is reused (none written twice), and every pack has its index
+        assert before <= packs and all(k.replace("/packs/", "/index/") in objs for k in packs)
+        assert sum(objs[k] for k in packs) < 8.2 * (1 << 20)
+        assert report.generation == s.generation
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {f"/run/part-{k}.bin": data(2 << 20, 20 + k) for k in range(4)}
+    assert_clean(path)
+
+
+def test_gc_and_compaction_between_passes_keep_the_bucket_readable(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        cfg = configure(s, rgw, s3_bucket)
+        for k in range(3):
+            s.write_file("/run/m.bin", data(1 << 20, 40 + k))
+            s.expire_history()
+            s.gc()
+            s.compact()
+            tier_of(s).push()
+            assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/m.bin": data(1 << 20, 40 + k)}
+    assert_clean(path)
+
+
+def test_bad_settings_are_one_line_errors_and_change_nothing(tmp_path, rgw, s3_bucket, monkeypatch):
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        tier = tier_of(s)
+        with pytest.raises(RemoteError, match="does not exist"):
+            tier.set(RemoteConfig("s3://no-such-bucket-here/p", endpoint=rgw.endpoint))
+        with pytest.raises(RemoteError, match="cannot reach"):
+            tier.set(RemoteConfig(f"s3://{s3_bucket}/p", endpoint="http://127.0.0.1:1"))
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(AccessDenied, match="refused the credentials") as e:
+            tier.set(RemoteConfig(f"s3://{s3_bucket}/p", endpoint=rgw.endpoint))
+        assert "wrong" not in str(e.value) and "\n" not in str(e.value)
+        with pytest.raises(InvalidArgument):
+            tier.set(RemoteConfig("s3://x/p", endpoint=rgw.endpoint))
+        assert tier.config is None and not (path / "remote.json").exists()
+        with pytest.raises(RemoteError, match="no remote set"):
+            tier.push()
+    assert_clean(path)

@@ -1,0 +1,49 @@
+"""What the remote tests share: a bucket's listing, and a store's files read back from the
+bucket alone (newest catalog object, the indexes, ranged GETs of the packs)."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from cowfs.remote.config import RemoteConfig
+from cowfs.remote.fetch import RemoteChunks
+from cowfs.remote.packs import decode_index
+from cowfs.remote.s3 import Bucket
+from cowfs.remote.state import RemoteState
+from cowfs.remote.upload import decode_catalog
+
+
+def bucket_objects(cfg: RemoteConfig) -> dict[str, int]:
+    b = Bucket(cfg)
+    return {o.key: o.size for o in b.list(b.key(""))}
+
+
+def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = b"run") -> dict[str, bytes]:
+    """Every live file's bytes, rebuilt from the bucket alone: the newest catalog object,
+    the indexes, ranged GETs of the packs."""
+    bucket = Bucket(cfg)
+    cats = sorted(o.key for o in bucket.list(bucket.key("stores", store_uuid, "catalog", "")))
+    db = tmp / "fetched.db"
+    db.write_bytes(decode_catalog(bucket.get(cats[-1])))
+    state = RemoteState(tmp / "fetched-remote.db", cfg.url)
+    for obj in bucket.list(bucket.key("index", "")):
+        idx = decode_index(bucket.get(obj.key))
+        state.add_pack(idx.name, idx.size, idx.entries, mine=False)
+    chunks = RemoteChunks(bucket, state)
+    conn = sqlite3.connect(db)
+    (gen,) = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+    out: dict[str, bytes] = {}
+    (parent,) = conn.execute("SELECT ino FROM dentries WHERE parent = 1 AND name = ? AND death_gen > ?",
+                             (directory, gen)).fetchone()
+    rows = conn.execute("SELECT v.content_id, d.name FROM dentries d JOIN versions v ON v.ino = d.ino"
+                        " WHERE d.death_gen > ? AND v.death_gen > ? AND v.birth_gen <= ? AND v.content_id IS NOT NULL"
+                        " AND d.parent = ?", (gen, gen, gen, parent)).fetchall()
+    for content_id, name in rows:
+        parts = []
+        for length, h in conn.execute("SELECT e.length, c.hash FROM extents e LEFT JOIN chunks c ON c.cid = e.cid"
+                                      " WHERE e.content_id = ? ORDER BY e.file_offset", (content_id,)):
+            parts.append(bytes(length) if h is None else bytes(chunks.read(bytes(h))))
+        out[f"/{directory.decode()}/" + bytes(name).decode()] = b"".join(parts)
+    conn.close()
+    state.close()
+    return out
