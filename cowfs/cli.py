@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -12,7 +13,7 @@ from .cli_common import TARGET_HELP, fmt_time, progress_bar
 from .cli_history import add_commands
 from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
-from .errors import CorruptCatalog, CowfsError, StoreError
+from .errors import CorruptCatalog, CowfsError, InvalidArgument, StoreError
 from .store import Store
 from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
 from .units import human_bytes, parse_size
@@ -205,12 +206,33 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    if args.store.startswith("s3://"):
+        return _mount_remote(args)
+    remote_only = [f for f, v in (("--cache", args.cache), ("--endpoint", args.endpoint), ("--store", args.store_uuid))
+                   if v is not None]
+    if remote_only:
+        raise InvalidArgument(f"{remote_only[0]}: only for a remote mount (cowfs mount s3://BUCKET/PREFIX ...)")
     from .fs.mount import mount
 
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
                  auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
                  compact_idle=args.compact_idle, workers=args.workers, snapshot_on=args.snapshot_on,
                  vfs_options=getattr(args, "vfs_options", ()))  # set by mount.cowfs (mount_helper.py)
+
+
+def _mount_remote(args: argparse.Namespace) -> int:
+    producer_only = [f for f, v in (("--auto-snapshot", args.auto_snapshot), ("--snapshot-on", args.snapshot_on),
+                                    ("--writeback-cache", args.writeback_cache), ("--workers", args.workers))
+                     if v is not None]
+    if producer_only:
+        raise InvalidArgument(f"{producer_only[0]}: not for a read-only remote mount")
+    from .fs.replica_mount import mount_replica
+
+    creds = None if args.credentials is None else os.path.abspath(args.credentials)
+    return mount_replica(args.store, args.mountpoint, cache=args.cache, endpoint=args.endpoint, region=args.region,
+                         credentials_file=creds, profile=args.profile, store_uuid=args.store_uuid,
+                         foreground=args.foreground, allow_other=args.allow_other,
+                         cache_size=parse_size(args.cache_size), debug=args.debug)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -271,6 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, metavar="N",
                    help="threads for per-byte work (chunking, hashing, appending, reading ahead), per pool "
                    "(default: one per CPU)")
+    r = s.add_argument_group("remote mounts (STORE is s3://BUCKET/PREFIX: a read-only replica that follows the "
+                             "producer's new versions)")
+    r.add_argument("--read-only", action="store_true", help="a remote mount is always read-only (accepted for clarity)")
+    r.add_argument("--cache", metavar="DIR", help="local directory for the replica's catalog and cached blocks")
+    r.add_argument("--cache-size", metavar="SIZE", default="10G", help="cached blocks kept at most (default 10G)")
+    r.add_argument("--endpoint", metavar="URL", help="the S3 endpoint")
+    r.add_argument("--region", help="region name (default us-east-1)")
+    r.add_argument("--credentials", metavar="FILE", help="an AWS credentials file (default: AWS_* variables)")
+    r.add_argument("--profile", help="its section (default: default)")
+    r.add_argument("--store", dest="store_uuid", metavar="UUID", help="the store to follow when several share the prefix")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

@@ -16,7 +16,8 @@ def cmd_remote(args: argparse.Namespace) -> int:
         if args.action == "set":
             creds = None if args.credentials is None else os.path.abspath(args.credentials)
             r = t.call("remote_set", url=args.url, endpoint=args.endpoint, region=args.region,
-                       credentials_file=creds, profile=args.profile, create_bucket=args.create_bucket)
+                       credentials_file=creds, profile=args.profile, create_bucket=args.create_bucket,
+                       notify=args.notify)
             made = " (bucket created)" if r["bucket_created"] else ""
             print(f"remote {r['remote']}{made}: new versions are uploaded in the background while mounted; "
                   f"`cowfs remote push {args.store}` uploads now")
@@ -70,6 +71,8 @@ def add_commands(sub: Any) -> None:
                    "aws_access_key_id, aws_secret_access_key)")
     c.add_argument("--profile", help="its section (default: default)")
     c.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
+    c.add_argument("--notify", metavar="HOST:PORT", help="while mounted, send consumers (cowfs mount s3://...) a notice "
+                   "of each new version from this address (PORT 0: any free port)")
     for name, help_ in (("status", "what the bucket holds of this store"),
                         ("push", "upload what the bucket lacks of the current generation, now"),
                         ("unset", "stop uploading (nothing is deleted from the bucket)")):

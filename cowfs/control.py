@@ -129,7 +129,8 @@ def store_of(target: str) -> Path:
 
 def open_target(target: str) -> DirectTarget | DaemonTarget:
     store = store_of(target)
-    if (store / CONFIG_FILE).exists() and _locked(store) and (store / SOCKET_NAME).exists():
+    # a live daemon: of a store, or of a remote mount's cache (which has no store config)
+    if _locked(store) and (store / SOCKET_NAME).exists():
         return DaemonTarget(store)
     return DirectTarget(store)
 

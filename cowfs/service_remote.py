@@ -10,8 +10,9 @@ from .store import Store
 
 def remote_set(store: Store, url: str, endpoint: str | None = None, region: str | None = None,
                credentials_file: str | None = None, profile: str | None = None,
-               create_bucket: bool = False) -> dict[str, Any]:
-    cfg = RemoteConfig(url=url, endpoint=endpoint, region=region, credentials_file=credentials_file, profile=profile)
+               create_bucket: bool = False, notify: str | None = None) -> dict[str, Any]:
+    cfg = RemoteConfig(url=url, endpoint=endpoint, region=region, credentials_file=credentials_file, profile=profile,
+                       notify=notify)
     made = tier_of(store).set(cfg, create_bucket=create_bucket)
     return {"remote": cfg.url, "endpoint": endpoint, "bucket_created": made}
 

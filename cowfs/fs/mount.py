@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pyfuse3
 import trio
@@ -209,10 +209,21 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     if snapshot_on not in (None, SNAPSHOT_ON_CHECKPOINT):
         raise MountError(f"--snapshot-on: unknown {snapshot_on!r} (only {SNAPSHOT_ON_CHECKPOINT!r})")
     check_mount_inputs(store_path, mnt)
+
+    def run(ready_fd: int | None) -> object:
+        return run_daemon(store_path, mnt, foreground=ready_fd is None, allow_other=allow_other, auto_snapshot=interval,
+                          debug=debug, ready_fd=ready_fd, writeback_cache=writeback_cache, compact_idle=idle,
+                          workers=workers, snapshot_on=snapshot_on, vfs_options=vfs_options)
+
+    return start_daemon(run, foreground, f"{store_path} on {mnt}")
+
+
+def start_daemon(run: Callable[[int | None], object], foreground: bool, what: str) -> int:
+    """Run the daemon `run(ready_fd)`: here (foreground, ready_fd None), or forked into the
+    background, returning once it writes OK (the mount is live) or an error line to ready_fd."""
     if foreground:
-        return run_daemon(store_path, mnt, foreground=True, allow_other=allow_other, auto_snapshot=interval, debug=debug,
-                          writeback_cache=writeback_cache, compact_idle=idle, workers=workers, snapshot_on=snapshot_on,
-                          vfs_options=vfs_options)
+        run(None)
+        return 0
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -223,9 +234,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
             os.dup2(null, fd)
         code = 0
         try:
-            run_daemon(store_path, mnt, foreground=False, allow_other=allow_other, auto_snapshot=interval,
-                       debug=debug, ready_fd=w, writeback_cache=writeback_cache, compact_idle=idle, workers=workers,
-                       snapshot_on=snapshot_on, vfs_options=vfs_options)
+            run(w)
         except BaseException as e:  # tell the parent, in one line
             code = 2
             try:
@@ -246,7 +255,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     os.close(r)
     text = msg.decode(errors="replace").strip()
     if text == "OK":
-        print(f"mounted {store_path} on {mnt} (daemon pid {pid})")
+        print(f"mounted {what} (daemon pid {pid})")
         return 0
     os.waitpid(pid, 0)
     raise MountError(text[4:] if text.startswith("ERR ") else f"the daemon exited before the mount was live ({text or 'no message'})")

@@ -13,6 +13,7 @@ import logging
 import trio
 
 from ..errors import CowfsError
+from ..remote.notices import NoticeServer
 from ..remote.tier import tier_of
 from ..store.events import Event
 from .operations import CowfsOperations
@@ -44,11 +45,16 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             pass
 
     unsubscribe = None
+    server: NoticeServer | None = None
     retry = 0.0
     pushed_gen = -1
     try:
         while not ops.handles.unmounting:
-            if tier.config is None:
+            cfg = tier.config
+            if server is not None and (cfg is None or cfg.notify != server.configured):
+                server.close()
+                server = None
+            if cfg is None:
                 if unsubscribe is not None:
                     unsubscribe()
                     unsubscribe = None
@@ -57,6 +63,11 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                 continue
             if unsubscribe is None:
                 unsubscribe = store.events.subscribe(deliver)
+            if server is None and cfg.notify is not None:
+                try:
+                    server = NoticeServer(cfg.notify, tier.bucket(), store.config.store_uuid)
+                except (OSError, CowfsError) as e:
+                    log.warning("no notices to consumers: cannot listen on %s (%s)", cfg.notify, e)
             if not dirty:
                 # changes that publish no event (mkdir, chmod, xattrs) are caught by a look at
                 # the generation now and then, from a worker thread
@@ -85,6 +96,21 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             if not report.skipped:
                 log.info(PUSHED_LOG, report.generation, report.chunks, report.packs, report.bytes,
                          report.catalog_bytes, report.seconds)
+            if server is not None and report.catalog_key:
+                await _notify(server, report.generation, report.catalog_key)
     finally:
         if unsubscribe is not None:
             unsubscribe()
+        if server is not None:
+            server.close()
+
+
+async def _notify(server: NoticeServer, generation: int, key: str) -> None:
+    """Tell the consumers; the first time, first say in the bucket where to listen."""
+    if not server.published:
+        try:
+            await trio.to_thread.run_sync(server.publish_address)
+            log.info("notices of new versions from %s", server.address)
+        except CowfsError as e:
+            log.warning("notices: writing the address to the bucket failed (tried again later): %s", e)
+    await trio.to_thread.run_sync(server.notify, generation, key)

@@ -46,6 +46,14 @@ def parse_url(url: str) -> RemoteAddress:
     return RemoteAddress(bucket, prefix)
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) to its parts."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"{text}: give the address for notices as HOST:PORT (PORT 0: any free port)")
+    return host.strip("[]"), int(port)
+
+
 @dataclass(frozen=True)
 class RemoteConfig:
     url: str
@@ -53,6 +61,7 @@ class RemoteConfig:
     region: str | None = None
     credentials_file: str | None = None  # an AWS credentials file (ini) outside the store
     profile: str | None = None  # its section; None: "default"
+    notify: str | None = None  # HOST:PORT the producer's daemon sends notices of new versions from (notices.py)
 
     @property
     def address(self) -> RemoteAddress:
@@ -75,6 +84,8 @@ def check_config(cfg: RemoteConfig, store_root: Path | None = None) -> None:
             raise InvalidArgument(f"{path}: keep the credentials file outside the store")
         if not path.is_file():
             raise InvalidArgument(f"{path}: no such credentials file")
+    if cfg.notify is not None:
+        parse_address(cfg.notify)
 
 
 def write_remote_config(root: Path, cfg: RemoteConfig) -> None:
@@ -101,7 +112,8 @@ def read_remote_config(root: Path) -> RemoteConfig | None:
         raise RemoteError(f"{path}: not a cowfs remote config (version 1)")
     try:
         cfg = RemoteConfig(url=str(data["url"]), endpoint=data.get("endpoint"), region=data.get("region"),
-                           credentials_file=data.get("credentials_file"), profile=data.get("profile"))
+                           credentials_file=data.get("credentials_file"), profile=data.get("profile"),
+                           notify=data.get("notify"))
     except KeyError as e:
         raise RemoteError(f"{path}: remote config is missing {e}") from None
     cfg.address  # noqa: B018

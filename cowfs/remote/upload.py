@@ -65,6 +65,7 @@ class PushReport:
     adopted: int = 0  # packs found without an index and indexed
     indexes_read: int = 0  # other stores' (or earlier passes') indexes learnt
     catalog_bytes: int = 0
+    catalog_key: str = ""  # the catalog object of `generation`
     skipped: bool = False  # nothing new since the last pass
     seconds: float = 0.0
 
@@ -177,6 +178,7 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
         report.generation = gen
         if gen <= state.last_catalog() and not state.missing_chunks(copy):
             report.skipped = True
+            report.generation, report.catalog_key = state.catalogs()[-1]
             return report
         while True:
             need = state.missing_chunks(copy)
@@ -234,7 +236,7 @@ def _upload_catalog(store: "Store", bucket: Bucket, state: RemoteState, copy: Pa
     key = catalog_key(bucket, store.config.store_uuid, gen)
     bucket.put(key, data)
     state.add_catalog(gen, key, len(data))
-    report.catalog_bytes = len(data)
+    report.catalog_bytes, report.catalog_key = len(data), key
     old = state.catalogs()[:-KEEP_CATALOGS]
     if old:
         bucket.delete([k for _, k in old])

@@ -1,0 +1,207 @@
+"""`cowfs mount s3://BUCKET/PREFIX MOUNTPOINT --read-only --cache DIR`: a consumer's mount of a
+store kept in a bucket, read-only, following the producer's new versions as its notices
+arrive (remote/notices.py), without polling the bucket.
+
+On a notice of generation G the daemon fetches that catalog (a worker thread), swaps it in,
+tells the kernel which entries and inodes changed, and publishes the changes to `cowfs
+watch` subscribers. The mount is made with the kernel's `ro` flag, so writes fail with
+EROFS before they reach the daemon; control requests that would change the store fail
+with EROFS too (the replica raises ReadOnly).
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from ..errors import Busy, CowfsError
+from ..mountinfo import FSNAME_PREFIX
+from ..remote.config import RemoteConfig
+from ..remote.notices import NoticeListener
+from ..remote.replica import Replica
+from ..remote.source import ReplicaSource
+from ..store.events import REMOVE, SNAPSHOT, VERSION, Event
+from ..store.layout import DEFAULT_SEGMENT_SIZE, LOCK_FILE, StoreConfig
+from .control_server import serve_control
+from .mount import LOG_FILE, MountError, _setup_logging, start_daemon
+from .operations import CowfsOperations
+from .views import LIVE_VIEW, ViewTable
+
+log = logging.getLogger("cowfs.replica")
+DEFAULT_CACHE_SIZE = 10 << 30
+
+
+def _lock_cache(cache: Path) -> int:
+    cache.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise Busy(f"{cache}: cache is in use by another mount (pid {holder or '?'})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def changes_between(path: Path, old: int, new: int) -> tuple[set[int], set[tuple[int, bytes]]]:
+    """Inodes with a version born or ended in (old, new], and the entries so changed."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        inos = {r[0] for r in conn.execute(
+            "SELECT ino FROM versions WHERE (birth_gen > ?1 AND birth_gen <= ?2) OR (death_gen > ?1 AND death_gen <= ?2)",
+            (old, new))}
+        entries = {(r[0], bytes(r[1])) for r in conn.execute(
+            "SELECT parent, name FROM dentries WHERE (birth_gen > ?1 AND birth_gen <= ?2)"
+            " OR (death_gen > ?1 AND death_gen <= ?2)", (old, new))}
+    finally:
+        conn.close()
+    return inos, entries
+
+
+def events_between(replica: Replica, old: int, new: int) -> list[Event]:
+    now = time.time_ns()
+    out: list[Event] = []
+    for e in replica.diff(old, new).entries:
+        if e.change == "removed":
+            out.append(Event(REMOVE, new, now, path=e.path))
+        elif e.kind == "file":
+            out.append(Event(VERSION, new, now, path=e.path, size=e.size_b))
+    for s in replica.snapshot_list():
+        if s.gen > old and s.created_ns and s.gen <= new:
+            out.append(Event(SNAPSHOT, new, now, snapshot=s.name))
+    return out
+
+
+async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
+    """Apply each notice of a newer generation, oldest first; stale ones are skipped."""
+    replica: Replica = ops.store  # type: ignore[assignment]
+    send, recv = trio.open_memory_channel[tuple[int, str]](math.inf)
+    token = trio.lowlevel.current_trio_token()
+
+    def on_notice(g: int, key: str) -> None:
+        try:
+            token.run_sync_soon(send.send_nowait, (g, key))
+        except trio.RunFinishedError:
+            pass
+
+    listener = NoticeListener(source.bucket, source.store_uuid, on_notice)
+    try:
+        async for g, key in recv:
+            if g <= gen:
+                continue
+            try:
+                path = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
+            except CowfsError as e:
+                log.warning("generation %d not applied: %s", g, e)
+                continue
+            inos, entries = await trio.to_thread.run_sync(changes_between, path, gen, g)
+            replica.swap_catalog(path)
+            for parent, name in entries:
+                pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
+            for ino in inos:
+                try:
+                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ViewTable.encode(LIVE_VIEW, ino))
+                except Exception:  # noqa: BLE001 - not cached: nothing to drop
+                    pass
+            if replica.events.active:
+                events = await trio.to_thread.run_sync(events_between, replica, gen, g)
+                replica.events.publish(events)
+            log.info("generation %d applied (%d inodes, %d entries changed)", g, len(inos), len(entries))
+            gen = g
+            await trio.to_thread.run_sync(source.drop_catalogs, {path, *replica.catalog_paths()})
+    finally:
+        await trio.to_thread.run_sync(listener.close)
+
+
+async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None) -> None:
+    async with trio.open_nursery() as nursery:
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    log.info("signal %d: unmounting", sig)
+                    pyfuse3.terminate()
+                    return
+
+        nursery.start_soon(on_signals)
+        await nursery.start(serve_control, ops, ops.store.root)
+        if ready_fd is not None:
+            os.write(ready_fd, b"OK\n")
+            os.close(ready_fd)
+        nursery.start_soon(follow, ops, source, gen)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, mountpoint: Path, *,
+                       foreground: bool, allow_other: bool, cache_size: int, ready_fd: int | None = None,
+                       debug: bool = False) -> int:
+    lock_fd = _lock_cache(cache)
+    try:
+        _setup_logging(cache, foreground, debug)
+        source = ReplicaSource(cache, cfg, store_uuid)
+        try:
+            gen, key = source.newest()
+            path = source.fetch_catalog(gen, key)
+            config = StoreConfig(store_uuid=source.store_uuid, device="file", segment_size=DEFAULT_SEGMENT_SIZE)
+            replica = Replica(cache, config, path, source, cache_size)
+            try:
+                ops = CowfsOperations(replica)
+                options = set(pyfuse3.default_options) | {"ro", "subtype=cowfs"}
+                options.add(f"fsname={FSNAME_PREFIX}{cache}".replace("\\", "\\\\").replace(",", "\\,"))
+                if allow_other:
+                    options.add("allow_other")
+                pyfuse3.init(ops, str(mountpoint), options)
+                log.info("mounted %s (store %s, generation %d) on %s, read-only (pid %d)", cfg.url,
+                         source.store_uuid, gen, mountpoint, os.getpid())
+                try:
+                    trio.run(_serve, ops, source, gen, ready_fd)
+                finally:
+                    pyfuse3.close(unmount=True)
+                    log.info("unmounted %s", mountpoint)
+            finally:
+                replica.close()
+        finally:
+            source.close()
+    finally:
+        os.ftruncate(lock_fd, 0)
+        os.close(lock_fd)
+    return 0
+
+
+def mount_replica(url: str, mountpoint: str, *, cache: str | None, endpoint: str | None = None,
+                  region: str | None = None, credentials_file: str | None = None, profile: str | None = None,
+                  store_uuid: str | None = None, foreground: bool = False, allow_other: bool = False,
+                  cache_size: int = DEFAULT_CACHE_SIZE, debug: bool = False) -> int:
+    if cache is None:
+        raise MountError(f"{url}: a remote mount needs --cache DIR (a local directory for its catalog and blocks)")
+    cfg = RemoteConfig(url=url, endpoint=endpoint, region=region, credentials_file=credentials_file, profile=profile)
+    cfg.address  # noqa: B018 (a bad URL raises here)
+    mnt = Path(mountpoint).absolute()
+    cache_dir = Path(cache).absolute()
+    if not Path("/dev/fuse").exists():
+        raise MountError("/dev/fuse does not exist: FUSE is not available on this machine")
+    if not mnt.is_dir():
+        raise MountError(f"{mnt}: mountpoint does not exist or is not a directory")
+    if os.path.ismount(mnt) or any(mnt.iterdir()):
+        raise MountError(f"{mnt}: something is already mounted there, or it is not empty")
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise MountError(f"{cache_dir}: the cache must be a directory")
+
+    def run(ready_fd: int | None) -> object:
+        return run_replica_daemon(cfg, store_uuid, cache_dir, mnt, foreground=ready_fd is None,
+                                  allow_other=allow_other, cache_size=cache_size, ready_fd=ready_fd, debug=debug)
+
+    return start_daemon(run, foreground, f"{url} on {mnt}, read-only, cache {cache_dir}")
+
+
+__all__ = ["mount_replica", "run_replica_daemon", "LOG_FILE"]

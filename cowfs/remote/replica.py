@@ -1,0 +1,266 @@
+"""A read-only replica of a store whose catalog and chunks are in a bucket: the consumer's
+side of the remote tier (docs/design.md, section 17).
+
+`Replica` is a `Store` whose catalog is a copy of the producer's (one generation, its chunk
+rows pointed at the packs that hold them) and whose log reads records from packs: ranged
+GETs of `BLOCK`-sized, aligned pieces, kept in a cache on disk (`CACHE/blocks/`), read
+ahead for sequential readers. Every read is checked as a read from a local segment is
+(record header, chunk id, payload CRC; BLAKE3 of decoded deltas), so a damaged or missing
+object gives EIO, never wrong bytes.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import CorruptData, ReadOnly, RemoteError
+from ..store.buffers import window_pool
+from ..store.catalog import Catalog
+from ..store.events import EventBus
+from ..store.holds import Holds
+from ..store.index import ChunkIndex
+from ..store.layout import StoreConfig
+from ..store.log import Location, Log
+from ..store.reader import WINDOW_BUFFER
+from ..store.store import Store
+from .s3 import Bucket, MissingObject
+
+if TYPE_CHECKING:
+    from .source import ReplicaSource
+
+BLOCK = 4 << 20  # bytes per ranged GET and per cached block
+FETCH_THREADS = 8
+
+
+class BlockCache:
+    """Pack blocks fetched from the bucket, as files `blocks/PACK/N` (N: block number),
+    evicted oldest first beyond `limit` bytes. A block is written to a temporary name and
+    renamed, so a crash leaves whole blocks or none; a block that fails its record checks
+    is deleted by the reader that found it."""
+
+    def __init__(self, root: Path, bucket: Bucket, limit: int) -> None:
+        self.root = root
+        self.bucket = bucket
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._sizes: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._fetching: dict[tuple[str, int], Future[bytes]] = {}
+        self.pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="cowfs-fetch")
+        root.mkdir(parents=True, exist_ok=True)
+        found = []
+        for pack_dir in root.iterdir():
+            for f in pack_dir.iterdir():
+                if f.name.isdigit():
+                    st = f.stat()
+                    found.append((st.st_mtime_ns, (pack_dir.name, int(f.name)), st.st_size))
+                else:
+                    f.unlink(missing_ok=True)  # a block cut short by a crash
+        for _, key, size in sorted(found):
+            self._sizes[key] = size
+        self.fetched_bytes = 0
+
+    def _path(self, key: tuple[str, int]) -> Path:
+        return self.root / key[0] / str(key[1])
+
+    def block(self, pack: str, n: int, pack_size: int) -> bytes:
+        """Block n of a pack (short at the pack's end), from the cache or the bucket."""
+        key = (pack, n)
+        try:
+            data = self._path(key).read_bytes()
+            with self._lock:
+                if key in self._sizes:
+                    self._sizes.move_to_end(key)
+            return data
+        except FileNotFoundError:
+            pass
+        return self._fetch(key, pack_size).result()
+
+    def prefetch(self, pack: str, n: int, pack_size: int) -> None:
+        if n * BLOCK >= pack_size or self._path((pack, n)).exists():
+            return
+        self._fetch((pack, n), pack_size)
+
+    def _fetch(self, key: tuple[str, int], pack_size: int) -> Future[bytes]:
+        with self._lock:
+            fut = self._fetching.get(key)
+            if fut is None:
+                fut = self._fetching[key] = self.pool.submit(self._download, key, pack_size)
+        return fut
+
+    def _download(self, key: tuple[str, int], pack_size: int) -> bytes:
+        try:
+            start = key[1] * BLOCK
+            data = self.bucket.get_range(self.bucket.key("packs", key[0]), start, min(BLOCK, pack_size - start))
+            path = self._path(key)
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f"{key[1]}.tmp{threading.get_ident()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            with self._lock:
+                self._sizes[key] = len(data)
+                self.fetched_bytes += len(data)
+                self._evict()
+            return data
+        finally:
+            with self._lock:
+                self._fetching.pop(key, None)
+
+    def _evict(self) -> None:
+        total = sum(self._sizes.values())
+        while total > self.limit and len(self._sizes) > 1:
+            key, size = self._sizes.popitem(last=False)
+            self._path(key).unlink(missing_ok=True)
+            total -= size
+
+    def forget(self, pack: str, n: int) -> None:
+        with self._lock:
+            self._sizes.pop((pack, n), None)
+        self._path((pack, n)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class PackSegment:
+    """One pack, read like a segment file (`read_into`, `will_need`)."""
+
+    def __init__(self, name: str, size: int, cache: BlockCache) -> None:
+        self.name, self.size, self.cache = name, size, cache
+
+    def read_into(self, offset: int, buffers: list[memoryview]) -> int:
+        want = min(sum(len(b) for b in buffers), max(self.size - offset, 0))
+        got = 0
+        pos = offset
+        views = [b for b in buffers if len(b)]
+        try:
+            while got < want:
+                n, within = divmod(pos, BLOCK)
+                block = self.cache.block(self.name, n, self.size)
+                take = memoryview(block)[within:within + want - got]
+                while len(take):
+                    v = views[0]
+                    k = min(len(v), len(take))
+                    v[:k] = take[:k]
+                    take = take[k:]
+                    views[0] = v[k:]
+                    if not len(views[0]):
+                        views.pop(0)
+                    got += k
+                    pos += k
+        except MissingObject:
+            raise CorruptData(f"pack {self.name[:16]} is missing from the bucket") from None
+        except RemoteError as e:
+            raise CorruptData(f"pack {self.name[:16]}: {e}") from None
+        return got
+
+    def will_need(self, offset: int, length: int) -> None:
+        first, last = offset // BLOCK, (offset + max(length, 1) - 1) // BLOCK
+        for n in range(first, min(last, first + 8) + 1):
+            self.cache.prefetch(self.name, n, self.size)
+
+    def close(self) -> None:
+        pass
+
+
+class PackLog(Log):
+    """The log of a replica: segment ids are pack numbers (`packs.rowid` of the cache's remote.db)."""
+
+    def __init__(self, root: Path, config: StoreConfig, cache: BlockCache,
+                 packs: Callable[[int], tuple[str, int] | None]) -> None:
+        super().__init__(root, config, self._no_new_segments)
+        self.cache = cache
+        self._packs = packs
+
+    @staticmethod
+    def _no_new_segments() -> int:
+        raise ReadOnly("a replica of a remote store is read-only")
+
+    def segment(self, seg_id: int) -> PackSegment:  # type: ignore[override]
+        seg = self._open.get(seg_id)
+        if seg is None:
+            found = self._packs(seg_id)
+            if found is None:
+                raise CorruptData(f"no pack {seg_id} in the bucket's indexes (a chunk no pack holds)")
+            seg = PackSegment(found[0], found[1], self.cache)
+            with self._lock:
+                self._open[seg_id] = seg  # type: ignore[assignment]
+        return seg
+
+
+class Replica(Store):
+    """A Store over a replica's cache directory (see the module text); writes raise ReadOnly."""
+
+    def __init__(self, root: Path, config: StoreConfig, catalog: Path, source: "ReplicaSource", cache_limit: int,
+                 workers: int | None = None) -> None:
+        self.root = root
+        self.config = config
+        self._lock_fd = -1
+        self.catalog = Catalog(catalog)
+        self.recovered_bytes = 0
+        self.blocks = BlockCache(root / "blocks", source.bucket, cache_limit)
+        self.log = PackLog(root, config, self.blocks, source.pack)
+        self.log.locate = source.locate
+        self.index = ChunkIndex(self.catalog)
+        self.capabilities_stored = True
+        self.workers = workers or os.cpu_count() or 2
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cowfs-chunk")
+        self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
+        self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)
+        self._sessions = {}
+        self.holds = Holds()
+        self._session_holds = {}
+        self._mutex = threading.RLock()
+        self.events = EventBus()
+        self._maintenance = threading.Lock()
+        self._compacting = threading.Lock()
+        self.closed = False
+        self._old_catalogs: list[Catalog] = []
+
+    def swap_catalog(self, path: Path) -> None:
+        """Serve the catalog at `path` from now on. The old one stays open (requests in flight
+        may still use it) until close."""
+        new = Catalog(path)
+        old, self.catalog = self.catalog, new
+        self.index = ChunkIndex(new)
+        self._old_catalogs.append(old)
+        while len(self._old_catalogs) > 4:
+            self._old_catalogs.pop(0).close()
+
+    def catalog_paths(self) -> set[Path]:
+        return {self.catalog.path, *(c.path for c in self._old_catalogs)}
+
+    def _locate_chunk(self, chunk_id: bytes) -> Location | None:
+        return self.log.locate(chunk_id) if self.log.locate else None
+
+    def open_session(self, ino: int):  # type: ignore[no-untyped-def, override]
+        raise ReadOnly("a replica of a remote store is read-only")
+
+    def _change(self, op, fn, describe=None, durable=True):  # type: ignore[no-untyped-def, override]
+        raise ReadOnly(f"{op}: a replica of a remote store is read-only")
+
+    def gc(self, progress=None):  # type: ignore[no-untyped-def, override]
+        raise ReadOnly("gc: a replica of a remote store is read-only (the producer collects)")
+
+    def compact(self, progress=None, stop=None, **kw):  # type: ignore[no-untyped-def, override]
+        raise ReadOnly("compact: a replica of a remote store is read-only")
+
+    def expire_history(self, keep_within_ns: int = 0) -> int:
+        raise ReadOnly("prune: a replica of a remote store is read-only")
+
+    def fsck(self, repair: bool = False, progress=None):  # type: ignore[no-untyped-def, override]
+        raise ReadOnly("fsck: check the producer's store (a replica keeps no segments)")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.executor.shutdown(wait=True)
+        self.readahead.shutdown(wait=True, cancel_futures=True)
+        self.blocks.close()
+        self.catalog.close()
+        for old in self._old_catalogs:
+            old.close()
+        self.closed = True

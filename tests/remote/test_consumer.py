@@ -1,0 +1,170 @@
+"""A producer and a consumer on one machine, as two daemons with separate stores and caches:
+the consumer's read-only mount of the bucket follows the producer's new versions by pushed
+notices, serves the bytes from the packs, shows snapshots, refuses writes, works with
+`cowfs watch`, and catches up after being killed."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cowfs.mountinfo import mounted_cowfs
+from tests.support.mountutil import cowfs, force_unmount, kill9, mounted, store_path  # noqa: F401 (a fixture)
+from tests.support.storeutil import data
+
+DEADLINE = 120.0  # seconds to wait for a condition (the machine may be busy)
+
+
+@pytest.fixture(autouse=True)
+def aws_env(rgw, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.secret_key)
+
+
+def wait_for(what: str, cond) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + DEADLINE
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {DEADLINE} s"
+        time.sleep(0.05)
+
+
+def has_bytes(path: Path, expect: bytes) -> bool:
+    try:
+        return path.read_bytes() == expect
+    except OSError:
+        return False
+
+
+def drain(seen: "queue.Queue[dict]", until) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Events up to and including the first that `until` accepts."""
+    out: list[dict] = []
+    deadline = time.monotonic() + DEADLINE
+    while not out or not until(out[-1]):
+        out.append(seen.get(timeout=max(deadline - time.monotonic(), 0.01)))
+    return out
+
+
+def subscribed(prod: Path, seen: "queue.Queue[dict]") -> None:
+    """Write probe files on the producer until the consumer's watch reports one."""
+    for i in range(200):
+        (prod / "run" / f".probe-{i}").write_bytes(b"p")
+        try:
+            drain_deadline = time.monotonic() + 1.0
+            while time.monotonic() < drain_deadline:
+                e = seen.get(timeout=max(drain_deadline - time.monotonic(), 0.01))
+                if e.get("path", "").startswith("/run/.probe-"):
+                    return
+        except queue.Empty:
+            pass
+    raise AssertionError("the consumer's watch never reported a probe file")
+
+
+class Consumer:
+    """`cowfs mount s3://... --read-only --cache DIR` in a context that always unmounts."""
+
+    def __init__(self, url: str, endpoint: str, mnt: Path, cache: Path) -> None:
+        self.args = ("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint)
+        self.mnt, self.cache = mnt, cache
+
+    def __enter__(self) -> Path:
+        self.mnt.mkdir(exist_ok=True)
+        cowfs(*self.args)
+        return self.mnt
+
+    def __exit__(self, *exc: object) -> None:
+        if str(self.mnt) in mounted_cowfs():
+            if cowfs("umount", str(self.mnt), check=False).returncode != 0:
+                force_unmount(self.mnt)
+
+
+def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint, "--notify", "127.0.0.1:0")
+    with mounted(store_path, tmp_path / "prod") as prod:
+        (prod / "run").mkdir()
+        (prod / "run" / "model.bin").write_bytes(data(3 << 20, 1))
+        wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
+                 ["catalog_generation"] > 0)
+        with Consumer(url, rgw.endpoint, tmp_path / "cons", tmp_path / "cache") as cons:
+            wait_for("the first version", lambda: has_bytes(cons / "run" / "model.bin", data(3 << 20, 1)))
+            watch = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(cons), "--json"],
+                                     stdout=subprocess.PIPE, text=True)
+            seen: queue.Queue[dict] = queue.Queue()
+            threading.Thread(target=lambda: [seen.put(json.loads(x)) for x in watch.stdout], daemon=True).start()
+            try:
+                subscribed(prod, seen)
+                # new versions appear without the consumer polling, and watch reports them
+                for k in range(2, 5):
+                    (prod / "run" / "model.bin").write_bytes(data(3 << 20, k))
+                    wait_for(f"version {k}", lambda k=k: has_bytes(cons / "run" / "model.bin", data(3 << 20, k)))
+                cowfs("snapshot", "create", str(prod), "step-4")
+                wait_for("the snapshot", lambda: has_bytes(cons / ".snapshots" / "step-4" / "run" / "model.bin",
+                                                          data(3 << 20, 4)))
+                events = drain(seen, lambda e: e.get("kind") == "snapshot")
+                assert any(e["kind"] == "version" and e["path"] == "/run/model.bin" for e in events)
+            finally:
+                watch.terminate()
+                watch.wait(timeout=30)
+            # the CLI reaches the consumer's daemon through its mountpoint
+            assert b"model.bin" in cowfs("ls", str(cons), "/run").stdout
+            assert cowfs("cat", str(cons), "/run/model.bin", "--snapshot", "step-4").stdout == data(3 << 20, 4)
+            assert json.loads(cowfs("stats", str(cons), "--json").stdout)["files"] >= 1
+            # read-only: the kernel refuses writes, the daemon refuses changes
+            with pytest.raises(OSError) as e:
+                (cons / "run" / "new.bin").write_bytes(b"x")
+            assert e.value.errno == errno.EROFS
+            r = cowfs("snapshot", "create", str(cons), "mine", check=False)
+            assert r.returncode == 2 and "read-only" in r.stderr.decode()
+            # a second consumer mount on the same cache is refused in one line
+            r = cowfs("mount", url, str(tmp_path / "other"), "--cache", str(tmp_path / "cache"),
+                      "--endpoint", rgw.endpoint, check=False)
+            assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
+
+
+def test_a_killed_consumer_catches_up_when_it_comes_back(store_path, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint, "--notify", "127.0.0.1:0")
+    cache = tmp_path / "cache"
+    with mounted(store_path, tmp_path / "prod") as prod:
+        (prod / "a.bin").write_bytes(data(1 << 20, 1))
+        wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
+                 ["catalog_generation"] > 0)
+        with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+            wait_for("a.bin", lambda: has_bytes(cons / "a.bin", data(1 << 20, 1)))
+            kill9(cache, cons)
+        (prod / "a.bin").write_bytes(data(1 << 20, 2))
+        (prod / "b.bin").write_bytes(data(1 << 20, 3))
+        with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+            wait_for("caught up", lambda: has_bytes(cons / "a.bin", data(1 << 20, 2))
+                     and has_bytes(cons / "b.bin", data(1 << 20, 3)))
+    # the producer is gone: a consumer still mounts and serves the last uploaded generation
+    with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+        assert (cons / "b.bin").read_bytes() == data(1 << 20, 3)
+
+
+def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):
+    (tmp_path / "m").mkdir()
+    cases = [
+        (("mount", f"s3://{s3_bucket}/nothing", str(tmp_path / "m"), "--endpoint", rgw.endpoint), "--cache"),
+        (("mount", f"s3://{s3_bucket}/nothing", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--endpoint", rgw.endpoint), "no store has uploaded"),
+        (("mount", "s3://no-such-bucket-q/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--endpoint", rgw.endpoint), "does not exist"),
+        (("mount", f"s3://{s3_bucket}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--endpoint", "http://127.0.0.1:1"), "cannot reach"),
+        (("mount", f"s3://{s3_bucket}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--auto-snapshot", "1m"), "not for a read-only remote mount"),
+    ]
+    for args, message in cases:
+        r = cowfs(*args, check=False)
+        err = r.stderr.decode()
+        assert r.returncode == 2 and message in err and err.count("\n") == 1, (args, err)
+    assert not os.listdir(tmp_path / "m")
