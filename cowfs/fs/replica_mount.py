@@ -28,6 +28,7 @@ from ..remote.config import RemoteConfig
 from ..remote.notices import NoticeListener
 from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
+from ..store.catalog import Catalog
 from ..store.events import REMOVE, SNAPSHOT, VERSION, Event
 from ..store.layout import DEFAULT_SEGMENT_SIZE, LOCK_FILE, StoreConfig
 from .control_server import serve_control
@@ -105,7 +106,9 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
                 log.warning("generation %d not applied: %s", g, e)
                 continue
             inos, entries = await trio.to_thread.run_sync(changes_between, path, gen, g)
-            replica.swap_catalog(path)
+            catalog = await trio.to_thread.run_sync(Catalog, path)
+            for done in replica.use_catalog(catalog):
+                await trio.to_thread.run_sync(done.close)
             for parent, name in entries:
                 pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
             for ino in inos:

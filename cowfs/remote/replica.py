@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -38,9 +39,9 @@ FETCH_THREADS = 8
 
 class BlockCache:
     """Pack blocks fetched from the bucket, as files `blocks/PACK/N` (N: block number),
-    evicted oldest first beyond `limit` bytes. A block is written to a temporary name and
-    renamed, so a crash leaves whole blocks or none; a block that fails its record checks
-    is deleted by the reader that found it."""
+    evicted oldest first beyond `limit` bytes. A block file is the block's bytes and their
+    CRC-32 (u32 LE), written to a temporary name and renamed, so a crash leaves whole blocks
+    or none, and a block damaged on the local disk is fetched again."""
 
     def __init__(self, root: Path, bucket: Bucket, limit: int) -> None:
         self.root = root
@@ -67,14 +68,18 @@ class BlockCache:
         return self.root / key[0] / str(key[1])
 
     def block(self, pack: str, n: int, pack_size: int) -> bytes:
-        """Block n of a pack (short at the pack's end), from the cache or the bucket."""
+        """Block n of a pack (short at the pack's end), from the cache or the bucket. A cached
+        block ends with the CRC-32 of its bytes; one that does not match is fetched again."""
         key = (pack, n)
         try:
-            data = self._path(key).read_bytes()
-            with self._lock:
-                if key in self._sizes:
-                    self._sizes.move_to_end(key)
-            return data
+            raw = self._path(key).read_bytes()
+            data, crc = raw[:-4], raw[-4:]
+            if len(raw) >= 4 and zlib.crc32(data).to_bytes(4, "little") == crc:
+                with self._lock:
+                    if key in self._sizes:
+                        self._sizes.move_to_end(key)
+                return data
+            self.forget(pack, n)  # damaged on the local disk: the bucket has it
         except FileNotFoundError:
             pass
         return self._fetch(key, pack_size).result()
@@ -98,7 +103,7 @@ class BlockCache:
             path = self._path(key)
             path.parent.mkdir(exist_ok=True)
             tmp = path.with_name(f"{key[1]}.tmp{threading.get_ident()}")
-            tmp.write_bytes(data)
+            tmp.write_bytes(data + zlib.crc32(data).to_bytes(4, "little"))
             os.replace(tmp, path)
             with self._lock:
                 self._sizes[key] = len(data)
@@ -220,15 +225,14 @@ class Replica(Store):
         self.closed = False
         self._old_catalogs: list[Catalog] = []
 
-    def swap_catalog(self, path: Path) -> None:
-        """Serve the catalog at `path` from now on. The old one stays open (requests in flight
-        may still use it) until close."""
-        new = Catalog(path)
+    def use_catalog(self, new: Catalog) -> list[Catalog]:
+        """Serve `new` from now on. The old catalog stays open (requests in flight may still
+        use it); returns those to close now (all but the newest four old ones)."""
         old, self.catalog = self.catalog, new
         self.index = ChunkIndex(new)
         self._old_catalogs.append(old)
-        while len(self._old_catalogs) > 4:
-            self._old_catalogs.pop(0).close()
+        done, self._old_catalogs = self._old_catalogs[:-4], self._old_catalogs[-4:]
+        return done
 
     def catalog_paths(self) -> set[Path]:
         return {self.catalog.path, *(c.path for c in self._old_catalogs)}

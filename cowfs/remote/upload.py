@@ -176,12 +176,12 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
     try:
         gen = copy_catalog(store, copy)
         report.generation = gen
-        if gen <= state.last_catalog() and not state.missing_chunks(copy):
+        need = state.missing_chunks(copy)
+        if gen <= state.last_catalog() and not need:
             report.skipped = True
             report.generation, report.catalog_key = state.catalogs()[-1]
             return report
         while True:
-            need = state.missing_chunks(copy)
             locs = store.index.pin([h for h, _ in need])
             pinned += [h for h, _ in need]
             if all(h in locs for h, _ in need):
@@ -191,6 +191,7 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
             copy.unlink()
             gen = copy_catalog(store, copy)
             report.generation = gen
+            need = state.missing_chunks(copy)
         todo = sorted(((h, locs[h]) for h, _ in need), key=lambda x: (x[1].seg_id, x[1].offset))
         total = sum(loc.span for _, loc in todo)
         done = 0

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,8 @@ DEADLINE = 120.0  # seconds to wait for a condition (the machine may be busy)
 
 @pytest.fixture(autouse=True)
 def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.secret_key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
 
 
 def wait_for(what: str, cond) -> None:  # type: ignore[no-untyped-def]
@@ -86,14 +87,14 @@ class Consumer:
 
 
 def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket}/prod"
-    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint, "--notify", "127.0.0.1:0")
+    url = f"s3://{s3_bucket.name}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
     with mounted(store_path, tmp_path / "prod") as prod:
         (prod / "run").mkdir()
         (prod / "run" / "model.bin").write_bytes(data(3 << 20, 1))
         wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
                  ["catalog_generation"] > 0)
-        with Consumer(url, rgw.endpoint, tmp_path / "cons", tmp_path / "cache") as cons:
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", tmp_path / "cache") as cons:
             wait_for("the first version", lambda: has_bytes(cons / "run" / "model.bin", data(3 << 20, 1)))
             watch = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(cons), "--json"],
                                      stdout=subprocess.PIPE, text=True)
@@ -125,42 +126,42 @@ def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
             assert r.returncode == 2 and "read-only" in r.stderr.decode()
             # a second consumer mount on the same cache is refused in one line
             r = cowfs("mount", url, str(tmp_path / "other"), "--cache", str(tmp_path / "cache"),
-                      "--endpoint", rgw.endpoint, check=False)
+                      "--endpoint", rgw.credentials.endpoint, check=False)
             assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
 
 
 def test_a_killed_consumer_catches_up_when_it_comes_back(store_path, tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket}/prod"
-    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint, "--notify", "127.0.0.1:0")
+    url = f"s3://{s3_bucket.name}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
     cache = tmp_path / "cache"
     with mounted(store_path, tmp_path / "prod") as prod:
         (prod / "a.bin").write_bytes(data(1 << 20, 1))
         wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
                  ["catalog_generation"] > 0)
-        with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
             wait_for("a.bin", lambda: has_bytes(cons / "a.bin", data(1 << 20, 1)))
             kill9(cache, cons)
         (prod / "a.bin").write_bytes(data(1 << 20, 2))
         (prod / "b.bin").write_bytes(data(1 << 20, 3))
-        with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
             wait_for("caught up", lambda: has_bytes(cons / "a.bin", data(1 << 20, 2))
                      and has_bytes(cons / "b.bin", data(1 << 20, 3)))
     # the producer is gone: a consumer still mounts and serves the last uploaded generation
-    with Consumer(url, rgw.endpoint, tmp_path / "cons", cache) as cons:
+    with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
         assert (cons / "b.bin").read_bytes() == data(1 << 20, 3)
 
 
 def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):
     (tmp_path / "m").mkdir()
     cases = [
-        (("mount", f"s3://{s3_bucket}/nothing", str(tmp_path / "m"), "--endpoint", rgw.endpoint), "--cache"),
-        (("mount", f"s3://{s3_bucket}/nothing", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
-          "--endpoint", rgw.endpoint), "no store has uploaded"),
+        (("mount", f"s3://{s3_bucket.name}/nothing", str(tmp_path / "m"), "--endpoint", rgw.credentials.endpoint), "--cache"),
+        (("mount", f"s3://{s3_bucket.name}/nothing", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--endpoint", rgw.credentials.endpoint), "no store has uploaded"),
         (("mount", "s3://no-such-bucket-q/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
-          "--endpoint", rgw.endpoint), "does not exist"),
-        (("mount", f"s3://{s3_bucket}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+          "--endpoint", rgw.credentials.endpoint), "does not exist"),
+        (("mount", f"s3://{s3_bucket.name}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
           "--endpoint", "http://127.0.0.1:1"), "cannot reach"),
-        (("mount", f"s3://{s3_bucket}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
+        (("mount", f"s3://{s3_bucket.name}/x", str(tmp_path / "m"), "--cache", str(tmp_path / "c"),
           "--auto-snapshot", "1m"), "not for a read-only remote mount"),
     ]
     for args, message in cases:
@@ -168,3 +169,32 @@ def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):
         err = r.stderr.decode()
         assert r.returncode == 2 and message in err and err.count("\n") == 1, (args, err)
     assert not os.listdir(tmp_path / "m")
+
+
+def test_damaged_cache_is_fetched_again_and_a_missing_pack_gives_eio(store_path, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint)
+    with mounted(store_path, tmp_path / "prod") as prod:
+        (prod / "a.bin").write_bytes(data(6 << 20, 1))
+        cowfs("remote", "push", str(prod))
+    cache = tmp_path / "cache"
+    with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
+        assert (cons / "a.bin").read_bytes() == data(6 << 20, 1)
+        blocks = sorted(cache.glob("blocks/*/*"))
+        assert blocks
+        for b in blocks:  # flip a byte in every cached block: each is fetched again
+            raw = bytearray(b.read_bytes())
+            raw[100] ^= 0xFF
+            b.write_bytes(bytes(raw))
+        assert (cons / "a.bin").read_bytes() == data(6 << 20, 1)
+        assert all(zlib.crc32(b.read_bytes()[:-4]).to_bytes(4, "little") == b.read_bytes()[-4:]
+                   for b in cache.glob("blocks/*/*")), "the damaged blocks were fetched again"
+        # the packs gone from the bucket and from the cache: EIO, never other bytes
+        keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]
+                if "/packs/" in o["Key"]]
+        s3_bucket.client.delete_objects(Bucket=s3_bucket.name, Delete={"Objects": [{"Key": k} for k in keys]})
+        for b in cache.glob("blocks/*/*"):
+            b.unlink()
+        with pytest.raises(OSError) as e:
+            (cons / "a.bin").read_bytes()
+        assert e.value.errno == errno.EIO

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,15 @@ from tests.support.storeutil import assert_clean, data, new_store
 
 
 def configure(store: Store, rgw, bucket: str, prefix: str = "p") -> RemoteConfig:
-    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.endpoint)
+    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.credentials.endpoint)
     tier_of(store).set(cfg)
     return cfg
 
 
 @pytest.fixture(autouse=True)
 def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.secret_key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
 
 
 def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3_bucket):
@@ -39,7 +38,7 @@ def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3
         s.write_file("/run/a.bin", data(3 << 20, 1))
         s.write_file("/run/b.bin", data(1 << 20, 2) * 2)  # repeats itself: its chunks are stored once
         s.snapshot_create("one")
-        cfg = configure(s, rgw, s3_bucket)
+        cfg = configure(s, rgw, s3_bucket.name)
         first = tier_of(s).push()
         assert first.packs >= 1 and first.generation == s.generation and not first.skipped
         objs = bucket_objects(cfg)
@@ -64,7 +63,7 @@ def test_two_stores_sharing_a_prefix_store_each_chunk_once(tmp_path, rgw, s3_buc
         path = new_store(tmp_path / name)
         with Store.open(path) as s:
             s.mkdir(ROOT_INO, b"run")
-            cfg = configure(s, rgw, s3_bucket, prefix="shared")
+            cfg = configure(s, rgw, s3_bucket.name, prefix="shared")
             for k, blob in enumerate(series):
                 s.write_file(f"/run/ckpt-{k}.bin", blob)
                 tier_of(s).push()
@@ -82,7 +81,7 @@ def test_a_pack_whose_index_was_not_written_is_adopted(tmp_path, rgw, s3_bucket,
     with Store.open(path) as s:
         s.mkdir(ROOT_INO, b"run")
         s.write_file("/run/a.bin", data(2 << 20, 7))
-        cfg = configure(s, rgw, s3_bucket)
+        cfg = configure(s, rgw, s3_bucket.name)
         real_put = Bucket.put
 
         def put_but_not_indexes(self, key, payload):  # the network drops after the pack's PUT
@@ -126,7 +125,7 @@ def test_push_killed_midway_resumes_without_leaving_garbage(tmp_path, rgw, s3_bu
         s.mkdir(ROOT_INO, b"run")
         for k in range(4):
             s.write_file(f"/run/part-{k}.bin", data(2 << 20, 20 + k))
-        cfg = configure(s, rgw, s3_bucket)
+        cfg = configure(s, rgw, s3_bucket.name)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-c", PUSH_SCRIPT, str(path)], stdout=subprocess.PIPE, env=env, text=True)
     try:
@@ -152,7 +151,7 @@ def test_gc_and_compaction_between_passes_keep_the_bucket_readable(tmp_path, rgw
     path = new_store(tmp_path / "s")
     with Store.open(path) as s:
         s.mkdir(ROOT_INO, b"run")
-        cfg = configure(s, rgw, s3_bucket)
+        cfg = configure(s, rgw, s3_bucket.name)
         for k in range(3):
             s.write_file("/run/m.bin", data(1 << 20, 40 + k))
             s.expire_history()
@@ -168,15 +167,15 @@ def test_bad_settings_are_one_line_errors_and_change_nothing(tmp_path, rgw, s3_b
     with Store.open(path) as s:
         tier = tier_of(s)
         with pytest.raises(RemoteError, match="does not exist"):
-            tier.set(RemoteConfig("s3://no-such-bucket-here/p", endpoint=rgw.endpoint))
+            tier.set(RemoteConfig("s3://no-such-bucket-here/p", endpoint=rgw.credentials.endpoint))
         with pytest.raises(RemoteError, match="cannot reach"):
-            tier.set(RemoteConfig(f"s3://{s3_bucket}/p", endpoint="http://127.0.0.1:1"))
+            tier.set(RemoteConfig(f"s3://{s3_bucket.name}/p", endpoint="http://127.0.0.1:1"))
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
         with pytest.raises(AccessDenied, match="refused the credentials") as e:
-            tier.set(RemoteConfig(f"s3://{s3_bucket}/p", endpoint=rgw.endpoint))
+            tier.set(RemoteConfig(f"s3://{s3_bucket.name}/p", endpoint=rgw.credentials.endpoint))
         assert "wrong" not in str(e.value) and "\n" not in str(e.value)
         with pytest.raises(InvalidArgument):
-            tier.set(RemoteConfig("s3://x/p", endpoint=rgw.endpoint))
+            tier.set(RemoteConfig("s3://x/p", endpoint=rgw.credentials.endpoint))
         assert tier.config is None and not (path / "remote.json").exists()
         with pytest.raises(RemoteError, match="no remote set"):
             tier.push()

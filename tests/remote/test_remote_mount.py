@@ -19,8 +19,8 @@ UPLOAD_DEADLINE = 120.0  # seconds: generous, the machine may be busy
 
 @pytest.fixture(autouse=True)
 def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.secret_key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
 
 
 def status(target: Path) -> dict:
@@ -39,8 +39,8 @@ def wait_uploaded(target: Path) -> dict:
 
 
 def test_cli_and_background_uploads(store_path, tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket}/run1"
-    out = cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint).stdout.decode()
+    url = f"s3://{s3_bucket.name}/run1"
+    out = cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint).stdout.decode()
     assert url in out
     assert status(store_path)["remote"] == url
     with mounted(store_path, tmp_path / "mnt") as mnt:
@@ -52,7 +52,7 @@ def test_cli_and_background_uploads(store_path, tmp_path, rgw, s3_bucket):
         # a push by hand while mounted goes through the daemon, and finds nothing to do
         r = json.loads(cowfs("remote", "push", str(mnt), "--json").stdout)
         assert r["skipped"]
-        cfg = RemoteConfig(url, endpoint=rgw.endpoint)
+        cfg = RemoteConfig(url, endpoint=rgw.credentials.endpoint)
         uuid = json.loads((store_path / "cowfs-store.json").read_text())["store_uuid"]
         assert read_back(cfg, uuid, tmp_path) == {f"/run/step-{k}.bin": data(1 << 20, k) for k in range(3)}
         assert "removed" in cowfs("remote", "unset", str(mnt)).stdout.decode()
@@ -64,21 +64,21 @@ def test_cli_and_background_uploads(store_path, tmp_path, rgw, s3_bucket):
 def test_remote_set_on_a_mounted_store_and_errors(store_path, tmp_path, rgw, s3_bucket):
     with mounted(store_path, tmp_path / "mnt") as mnt:
         (mnt / "a.bin").write_bytes(data(300_000, 5))
-        bad = cowfs("remote", "set", str(mnt), f"s3://{s3_bucket}/x", "--endpoint", "http://127.0.0.1:1", check=False)
+        bad = cowfs("remote", "set", str(mnt), f"s3://{s3_bucket.name}/x", "--endpoint", "http://127.0.0.1:1", check=False)
         err = bad.stderr.decode()
         assert bad.returncode == 2 and "cannot reach" in err and err.count("\n") == 1
-        bad = cowfs("remote", "set", str(mnt), "s3://missing-bucket-zz/x", "--endpoint", rgw.endpoint, check=False)
+        bad = cowfs("remote", "set", str(mnt), "s3://missing-bucket-zz/x", "--endpoint", rgw.credentials.endpoint, check=False)
         assert bad.returncode == 2 and "does not exist" in bad.stderr.decode()
         assert status(mnt)["remote"] is None
-        made = cowfs("remote", "set", str(mnt), "s3://made-by-cowfs-test/x", "--endpoint", rgw.endpoint,
+        made = cowfs("remote", "set", str(mnt), "s3://made-by-cowfs-test/x", "--endpoint", rgw.credentials.endpoint,
                      "--create-bucket").stdout.decode()
         assert "bucket created" in made
         wait_uploaded(mnt)
 
 
 def test_daemon_killed_with_uploads_to_do_resumes_after_remount(store_path, tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket}/k"
-    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.endpoint)
+    url = f"s3://{s3_bucket.name}/k"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint)
     mnt = tmp_path / "mnt"
     with mounted(store_path, mnt):
         for k in range(4):
@@ -87,7 +87,7 @@ def test_daemon_killed_with_uploads_to_do_resumes_after_remount(store_path, tmp_
     with mounted(store_path, mnt):
         s = wait_uploaded(mnt)
         assert s["generation"] >= 5
-    objs = bucket_objects(RemoteConfig(url, endpoint=rgw.endpoint))
+    objs = bucket_objects(RemoteConfig(url, endpoint=rgw.credentials.endpoint))
     packs = [k for k in objs if "/packs/" in k]
     assert all(k.replace("/packs/", "/index/") in objs for k in packs)
     assert sum(objs[k] for k in packs) < 8.2 * (1 << 20)  # nothing uploaded twice
