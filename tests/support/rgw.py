@@ -11,6 +11,7 @@ whose pids the class keeps; stop() ends exactly those.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import shutil
 import signal
@@ -248,7 +249,16 @@ rgw exit timeout secs = 10
             return True
         except urllib.error.HTTPError:
             return True        # any HTTP answer means beast serves requests
-        except OSError:
+        except (OSError, http.client.HTTPException):   # also a TCP self-connect's own echo
+            return False
+
+    @staticmethod
+    def _keys_work(creds: RgwCredentials) -> bool:
+        """A signed request with the new user's keys succeeds (our radosgw has the port)."""
+        try:
+            s3_client(creds).list_buckets()
+            return True
+        except Exception:
             return False
 
     # --- bring-up -------------------------------------------------------------------------
@@ -330,7 +340,10 @@ rgw exit timeout secs = 10
                                     "--uid", "cowfs-test", "--display-name", "cowfs tests",
                                     timeout=max(10.0, deadline - time.monotonic())))
         key = user["keys"][0]
-        return RgwCredentials(f"http://127.0.0.1:{self.rgw_port}", key["access_key"], key["secret_key"])
+        creds = RgwCredentials(f"http://127.0.0.1:{self.rgw_port}", key["access_key"], key["secret_key"])
+        self._wait("radosgw to take the new user's keys", lambda: self._keys_work(creds), deadline,
+                   ("client.rgw.gw",))
+        return creds
 
     # --- teardown and inspection ----------------------------------------------------------
 
