@@ -1,15 +1,13 @@
-"""A real one-node Ceph cluster (one mon, one bluestore OSD on a sparse file, radosgw) on
-127.0.0.1, from Debian's packages, for the remote-tier tests (docs/remote-tests.md).
+"""A real one-node Ceph cluster (mon, bluestore OSD on a sparse file, radosgw) on 127.0.0.1
+from Debian's packages, for the remote-tier tests (docs/remote-tests.md). All its files are
+in the directory given, none in /etc/ceph or /var/lib/ceph; stop() ends exactly its pids.
 
-Everything (conf, keyrings, state, logs, sockets, pid files) lives in the directory given;
-nothing in /etc/ceph or /var/lib/ceph is read or written. The daemons are child processes
-whose pids the class keeps; stop() ends exactly those.
-
-    python -m tests.support.rgw start DIR   # prints {"endpoint":..., "access_key":...} and
-                                            # keeps the cluster up until SIGTERM/SIGINT
+    python -m tests.support.rgw start DIR   # one JSON line (endpoint, keys, pids), then up
+                                            # until SIGTERM/SIGINT
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import json
@@ -53,14 +51,11 @@ def missing_binaries() -> list[str]:
 
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports free on 127.0.0.1 now."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _die_with_parent() -> None:
@@ -207,7 +202,7 @@ rgw exit timeout secs = 10
         return p
 
     def _log_tails(self, *names: str, lines: int = 40) -> str:
-        parts = []
+        parts: list[str] = []
         for f in (self.logs / f"{n}.{ext}" for n in names for ext in ("log", "stdout")):
             if f.exists() and (text := [x for x in f.read_text(errors="replace").splitlines() if x.strip()]):
                 parts.append(f"--- tail of {f}\n" + "\n".join(text[-lines:]))
