@@ -12,7 +12,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import pytest
 
@@ -23,7 +23,8 @@ _SUMMARY = pytest.StashKey[list[str]]()
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed and (module := item.getparent(pytest.Module)) is not None:
         module.stash[_FAILED] = True   # keep that module's cluster directory (logs) for a look

@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.remote.conftest import S3Bucket
+from tests.support import rgw as rgw_module
 from tests.support.rgw import RgwCluster, RgwCredentials, RgwError, missing_binaries, s3_client
 
 MiB = 1 << 20
@@ -81,9 +82,10 @@ def test_list_prefix_and_pagination(s3_bucket: S3Bucket) -> None:
         s3.put_object(Bucket=b, Key=k, Body=k.encode())
     first = s3.list_objects_v2(Bucket=b, Prefix="run/", MaxKeys=2)
     assert first["IsTruncated"] and [o["Key"] for o in first["Contents"]] == keys[:2]
-    seen, token, pages = [], None, 0
+    seen: list[str] = []
+    token, pages = "", 0
     while True:
-        kw = {"ContinuationToken": token} if token else {}
+        kw: dict[str, str] = {"ContinuationToken": token} if token else {}
         page = s3.list_objects_v2(Bucket=b, Prefix="run/", MaxKeys=2, **kw)
         seen += [o["Key"] for o in page.get("Contents", [])]
         pages += 1
@@ -154,18 +156,29 @@ def test_stop_ends_every_daemon(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
 def test_failed_bring_up_raises_with_the_log_and_leaves_nothing(tmp_path: Path) -> None:
-    """radosgw cannot bind its port: start() raises with radosgw's log tail, all stopped."""
+    """radosgw cannot start: start() raises with radosgw's log tail, and all is stopped."""
+    c = RgwCluster(tmp_path / "c", timeout=120,
+                   extra_conf="[client.rgw.gw]\nrgw frontends = beast endpoint=not-an-address")
+    with pytest.raises(RgwError) as e:
+        c.start()
+    assert "client.rgw.gw exited" in str(e.value) and "failed to parse endpoint" in str(e.value), str(e.value)
+    started = [p.pid for p in [*c.procs.values(), *c.jobs.values()]]
+    assert c.pids and not any(map(pid_exists, started))
+
+
+@pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
+def test_a_port_taken_meanwhile_gets_another_try(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port chosen for radosgw is taken before radosgw binds it: start() tries again."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        c = RgwCluster(tmp_path / "c", timeout=120,
-                       extra_conf=f"[client.rgw.gw]\nrgw frontends = beast endpoint=127.0.0.1:{port}")
-        with pytest.raises(RgwError) as e:
-            c.start()
-    assert "radosgw" in str(e.value) and "client.rgw.gw.log" in str(e.value), str(e.value)
-    started = [p.pid for p in [*c.procs.values(), *c.jobs.values()]]
-    assert c.pids and not any(map(pid_exists, started))
+        real = rgw_module.free_ports
+        first = iter([[real(1)[0], taken.getsockname()[1]]])      # mon's port, then radosgw's
+        monkeypatch.setattr(rgw_module, "free_ports", lambda n: next(first, None) or real(n))
+        with RgwCluster(tmp_path / "c") as c:
+            assert c.credentials is not None and c.rgw_port != taken.getsockname()[1]
+            assert "retry on new ports" in c.phases
+            s3_client(c.credentials).create_bucket(Bucket="second-try")
 
 
 @pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")

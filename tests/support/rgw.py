@@ -1,18 +1,16 @@
-"""A real one-node Ceph cluster (one mon, one bluestore OSD on a sparse file, radosgw) on
-127.0.0.1, from Debian's packages, for the remote-tier tests (docs/remote-tests.md).
+"""A real one-node Ceph cluster (mon, bluestore OSD on a sparse file, radosgw) on 127.0.0.1
+from Debian's packages, for the remote-tier tests (docs/remote-tests.md). All its files are
+in the directory given, none in /etc/ceph or /var/lib/ceph; stop() ends exactly its pids.
 
-Everything (conf, keyrings, state, logs, sockets, pid files) lives in the directory given;
-nothing in /etc/ceph or /var/lib/ceph is read or written. The daemons are child processes
-whose pids the class keeps; stop() ends exactly those.
-
-    python -m tests.support.rgw start DIR   # prints {"endpoint":..., "access_key":...} and
-                                            # keeps the cluster up until SIGTERM/SIGINT
+    python -m tests.support.rgw start DIR   # one JSON line (endpoint, keys, pids), then up
+                                            # until SIGTERM/SIGINT
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import http.client
 import json
-import os
 import shutil
 import signal
 import socket
@@ -24,7 +22,7 @@ import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
 # /usr/bin/python3 runs mon commands with python3-rados (a dependency of ceph-common)
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool",
@@ -51,22 +49,18 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports free on 127.0.0.1 now."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM if the test process dies (even by SIGKILL)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"({path}: {e})"
 
 
 class RgwError(RuntimeError):
@@ -191,17 +185,10 @@ rgw exit timeout secs = 10
             raise RgwError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
         return r.stdout
 
-    def ceph(self, *args: str, timeout: float = 120.0) -> str:
-        """The ceph CLI against this cluster as client.admin."""
-        return self._run("ceph", "-c", str(self.conf), "--connect-timeout", str(int(timeout)),
-                         *args, timeout=timeout + 30)
-
-    def mon_commands(self, *cmds: dict[str, object], timeout: float = 120.0) -> None:
-        """Run mon commands (the JSON form of ceph CLI commands) in one client, in order."""
-        r = subprocess.run(["/usr/bin/python3", "-c", MON_COMMANDS, str(self.conf), str(timeout)],
-                           input=json.dumps(cmds), capture_output=True, text=True, timeout=timeout + 30)
-        if r.returncode != 0:
-            raise RgwError(f"mon commands failed ({r.returncode}): {r.stderr}")
+    def _mon_job(self, name: str, *cmds: dict[str, object]) -> subprocess.Popen[bytes]:
+        """Mon commands (the JSON form of ceph CLI commands) run in order by one client."""
+        return self._spawn(name, "/usr/bin/python3", "-c", MON_COMMANDS, str(self.conf), "120",
+                           job=True, stdin=json.dumps(cmds).encode())
 
     def _spawn(self, name: str, *cmd: str, job: bool = False, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
         """Start cmd as a child (a daemon, or a job that must exit 0), output in log/NAME.stdout."""
@@ -214,12 +201,11 @@ rgw exit timeout secs = 10
                 p.stdin.write(stdin)
         return p
 
-    def _log_tails(self, *names: str) -> str:
-        parts = []
-        for n in names or tuple(self.procs):
-            for f in (self.logs / f"{n}.log", self.logs / f"{n}.stdout"):
-                if f.exists() and f.stat().st_size:
-                    parts.append(f"--- tail of {f}\n{tail(f)}")
+    def _log_tails(self, *names: str, lines: int = 40) -> str:
+        parts: list[str] = []
+        for f in (self.logs / f"{n}.{ext}" for n in names for ext in ("log", "stdout")):
+            if f.exists() and (text := [x for x in f.read_text(errors="replace").splitlines() if x.strip()]):
+                parts.append(f"--- tail of {f}\n" + "\n".join(text[-lines:]))
         return "\n".join(parts)
 
     def _wait(self, what: str, ok: Callable[[], bool], deadline: float, logs: tuple[str, ...]) -> None:
@@ -231,7 +217,7 @@ rgw exit timeout secs = 10
                 rc = p.poll()
                 if rc is not None and (rc != 0 or name in self.procs):
                     raise RgwError(f"{name} exited ({rc}) while waiting for {what}\n"
-                                   + self._log_tails(name, name.split("-")[0]))
+                                   + self._log_tails(*dict.fromkeys((name, name.split("-")[0]))))
             if ok():
                 return
             if time.monotonic() > deadline:
@@ -254,26 +240,45 @@ rgw exit timeout secs = 10
     def _http_answers(self) -> bool:
         try:   # no proxy from the environment for 127.0.0.1
             opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            opener.open(f"http://127.0.0.1:{self.rgw_port}/", timeout=5).close()
+            opener.open(f"http://127.0.0.1:{self.rgw_port}/", timeout=2).close()
             return True
         except urllib.error.HTTPError:
             return True        # any HTTP answer means beast serves requests
-        except OSError:
+        except (OSError, http.client.HTTPException):   # also a TCP self-connect's own echo
+            return False
+
+    @staticmethod
+    def _keys_work(creds: RgwCredentials) -> bool:
+        """A signed request with the new user's keys succeeds (our radosgw has the port)."""
+        try:
+            s3_client(creds).list_buckets()
+            return True
+        except Exception:
             return False
 
     # --- bring-up -------------------------------------------------------------------------
 
     def start(self) -> RgwCredentials:
-        """Bring the cluster up and make an S3 user; on any failure stop what was started."""
+        """Bring the cluster up and make an S3 user; on any failure stop what was started.
+        A port taken between choosing and binding it gives one more try on new ports."""
         if missing := missing_binaries():
             raise RgwError(f"Ceph binaries not installed: {', '.join(missing)} (make setup)")
+        if self.root.exists() and any(self.root.iterdir()):
+            raise RgwError(f"{self.root} is not empty: an RgwCluster needs a new directory")
         t0 = self._t0 = time.monotonic()
-        try:
-            self.credentials = self._start(t0 + self.timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in (1, 2):
+            try:
+                self.credentials = self._start(t0 + self.timeout)
+                break
+            except BaseException as e:
+                self.stop()
+                if attempt == 2 or "Address already in use" not in str(e):
+                    raise
+                shutil.rmtree(self.root)
+                self.procs, self.jobs, self.phases = {}, {}, {}
+                self._phase("retry on new ports")
         self.startup_seconds = time.monotonic() - t0
+        assert self.credentials is not None
         return self.credentials
 
     def _phase(self, name: str) -> None:
@@ -283,17 +288,17 @@ rgw exit timeout secs = 10
         for d in ("run", "log", "crash", "mon/mon.a", "osd/osd.0", "rgw/client.rgw.gw"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         self.fsid = str(uuid.uuid4())
-        self.mon_port, self.rgw_port = free_port(), free_port()
+        self.mon_port, self.rgw_port = free_ports(2)
         self._write_conf()
         kr = str(self.keyring)
         self._run("ceph-authtool", "--create-keyring", kr, "--gen-key", "-n", "mon.", "--cap", "mon", "allow *")
         caps = {"client.admin": ("mon", "allow *", "osd", "allow *", "mgr", "allow *"),
                 "osd.0": ("mon", "allow profile osd", "osd", "allow *", "mgr", "allow profile osd"),
                 "client.rgw.gw": ("mon", "allow rw", "osd", "allow rwx", "mgr", "allow rw")}
-        for name, c in caps.items():
+        for name, cap in caps.items():
             # in the mon's initial keyring: the mon knows these entities from its first start
-            self._run("ceph-authtool", kr, "--gen-key", "-n", name, "--cap", c[0], c[1],
-                      "--cap", c[2], c[3], "--cap", c[4], c[5])
+            self._run("ceph-authtool", kr, "--gen-key", "-n", name, "--cap", cap[0], cap[1],
+                      "--cap", cap[2], cap[3], "--cap", cap[4], cap[5])
         monmap = str(self.root / "monmap")
         self._run("monmaptool", "--create", "--fsid", self.fsid, "--addv", "a",
                   f"[v2:127.0.0.1:{self.mon_port}]", monmap)
@@ -308,12 +313,12 @@ rgw exit timeout secs = 10
         self._wait("the mon to lead", lambda: (self._asok("mon.a", "mon_status") or {}).get("state") == "leader",
                    deadline, ("mon.a",))
         self._phase("mon leads")
-        self.mon_commands({"prefix": "osd new", "uuid": osd_uuid, "id": 0})
+        new = self._mon_job("osd-new", {"prefix": "osd new", "uuid": osd_uuid, "id": 0})
+        self._wait("osd new", lambda: new.poll() is not None, deadline, ("osd-new", "mon.a"))
         # radosgw's pools, with few PGs, made while the OSD's mkfs runs and the OSD boots
         pools = [{"prefix": "osd pool create", "pool": p, "pg_num": 8, "pgp_num": 8} for p in RGW_POOLS]
         pools += [{"prefix": "osd pool application enable", "pool": p, "app": "rgw"} for p in RGW_POOLS]
-        made = self._spawn("pools", "/usr/bin/python3", "-c", MON_COMMANDS, *c[1:], "120", job=True,
-                           stdin=json.dumps(pools).encode())
+        made = self._mon_job("pools", *pools)
         self._wait("the OSD's mkfs", lambda: mkfs.poll() is not None, deadline, ("osd.0-mkfs", "osd.0"))
         self._phase("osd mkfs")
         self._spawn("osd.0", "ceph-osd", *c, "-f", "-i", "0")
@@ -330,7 +335,10 @@ rgw exit timeout secs = 10
                                     "--uid", "cowfs-test", "--display-name", "cowfs tests",
                                     timeout=max(10.0, deadline - time.monotonic())))
         key = user["keys"][0]
-        return RgwCredentials(f"http://127.0.0.1:{self.rgw_port}", key["access_key"], key["secret_key"])
+        creds = RgwCredentials(f"http://127.0.0.1:{self.rgw_port}", key["access_key"], key["secret_key"])
+        self._wait("radosgw to take the new user's keys", lambda: self._keys_work(creds), deadline,
+                   ("client.rgw.gw",))
+        return creds
 
     # --- teardown and inspection ----------------------------------------------------------
 
@@ -384,6 +392,8 @@ def main(argv: list[str]) -> int:
         return 2
 
     def on_signal(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stop() is not interrupted by a second
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(0)   # unwinds through the with: stop() ends the daemons
 
     signal.signal(signal.SIGTERM, on_signal)
