@@ -15,7 +15,7 @@ TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NATIVE_SRC := $(wildcard native/*.c)
 
-.PHONY: setup apt-deps mount-helper test demo bench crashtest loadtest clean
+.PHONY: setup apt-deps mount-helper test demo bench bench-remote crashtest loadtest clean
 
 setup: $(STAMP) mount-helper
 
@@ -67,6 +67,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	COWFS_BENCH_COMMAND='make bench$(if $(ARGS), ARGS="$(ARGS)")' $(VPY) -m tools.bench $(ARGS)
+
+# issue 17: the remote tier against a Ceph RGW it starts on 127.0.0.1 (docs/benchmarks.md, "Remote tier")
+bench-remote: $(BENCH_STAMP)
+	$(VPY) -m tools.bench.remote $(ARGS)
 
 # kill -9 cycles through a real mount (tools/crashtest/); CI runs 20 of them in make test
 N ?= 100

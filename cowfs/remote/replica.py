@@ -10,6 +10,7 @@ object gives EIO, never wrong bytes.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import zlib
@@ -33,6 +34,7 @@ from .s3 import Bucket, MissingObject
 if TYPE_CHECKING:
     from .source import ReplicaSource
 
+log = logging.getLogger("cowfs.replica")
 BLOCK = 4 << 20  # bytes per ranged GET and per cached block
 FETCH_THREADS = 8
 
@@ -101,10 +103,15 @@ class BlockCache:
             start = key[1] * BLOCK
             data = self.bucket.get_range(self.bucket.key("packs", key[0]), start, min(BLOCK, pack_size - start))
             path = self._path(key)
-            path.parent.mkdir(exist_ok=True)
             tmp = path.with_name(f"{key[1]}.tmp{threading.get_ident()}")
-            tmp.write_bytes(data + zlib.crc32(data).to_bytes(4, "little"))
-            os.replace(tmp, path)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_bytes(data + zlib.crc32(data).to_bytes(4, "little"))
+                os.replace(tmp, path)
+            except OSError as e:  # a full or failing cache disk: serve the block uncached
+                tmp.unlink(missing_ok=True)
+                log.warning("block %s/%d not cached: %s", key[0][:16], key[1], e)
+                return data
             with self._lock:
                 self._sizes[key] = len(data)
                 self.fetched_bytes += len(data)
