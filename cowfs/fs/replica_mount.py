@@ -10,7 +10,6 @@ with EROFS too (the replica raises ReadOnly).
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from ..errors import Busy, CowfsError
+from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
 from ..remote.config import RemoteConfig
 from ..remote.notices import NoticeListener
@@ -30,7 +29,7 @@ from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
 from ..store.catalog import Catalog
 from ..store.events import REMOVE, SNAPSHOT, VERSION, Event
-from ..store.layout import DEFAULT_SEGMENT_SIZE, LOCK_FILE, StoreConfig
+from ..store.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .control_server import serve_control
 from .mount import LOG_FILE, MountError, _setup_logging, start_daemon
 from .operations import CowfsOperations
@@ -38,20 +37,6 @@ from .views import LIVE_VIEW, ViewTable
 
 log = logging.getLogger("cowfs.replica")
 DEFAULT_CACHE_SIZE = 10 << 30
-
-
-def _lock_cache(cache: Path) -> int:
-    cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise Busy(f"{cache}: cache is in use by another mount (pid {holder or '?'})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def changes_between(path: Path, old: int, new: int) -> tuple[set[int], set[tuple[int, bytes]]]:
@@ -148,7 +133,8 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd
 def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, mountpoint: Path, *,
                        foreground: bool, allow_other: bool, cache_size: int, ready_fd: int | None = None,
                        debug: bool = False) -> int:
-    lock_fd = _lock_cache(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    lock_fd = take_lock(cache, "cache")
     try:
         _setup_logging(cache, foreground, debug)
         source = ReplicaSource(cache, cfg, store_uuid)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument, RemoteError
-from ..store.layout import fsync_dir
+from ..store.layout import fsync_dir, write_durably
 
 REMOTE_FILE = "remote.json"
 REMOTE_STATE_FILE = "remote.db"
@@ -90,13 +90,7 @@ def check_config(cfg: RemoteConfig, store_root: Path | None = None) -> None:
 
 def write_remote_config(root: Path, cfg: RemoteConfig) -> None:
     check_config(cfg, root)
-    tmp = root / (REMOTE_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(cfg.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, root / REMOTE_FILE)
-    fsync_dir(root)
+    write_durably(root / REMOTE_FILE, cfg.to_json())
 
 
 def read_remote_config(root: Path) -> RemoteConfig | None:

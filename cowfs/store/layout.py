@@ -9,13 +9,14 @@ STORE/
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StoreError
+from ..errors import Busy, StoreError
 
 FORMAT_NAME = "cowfs-store"
 FORMAT_VERSION = 5  # 2: encoded records and their catalog columns; 3: lineage by generation; 4: versions.nlink;
@@ -87,16 +88,36 @@ def new_config(device: str, segment_size: int) -> StoreConfig:
     return StoreConfig(store_uuid=str(uuid.uuid4()), device=device, segment_size=segment_size)
 
 
+def write_durably(path: Path, text: str) -> None:
+    """Replace `path` with `text` whole or not at all: a tmp file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+
+
+def take_lock(root: Path, what: str) -> int:
+    """flock `root/lock` for this process and write its pid there; Busy (naming the holder's
+    pid) when another process holds it. Returns the descriptor, held until closed."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise Busy(f"{root}: {what} is in use by another process{f' (pid {holder})' if holder else ''}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def write_config(root: Path, cfg: StoreConfig) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / SEGMENTS_DIR).mkdir(exist_ok=True)
-    tmp = root / (CONFIG_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(cfg.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, root / CONFIG_FILE)
-    fsync_dir(root)
+    write_durably(root / CONFIG_FILE, cfg.to_json())
 
 
 def config_data(root: Path) -> dict:

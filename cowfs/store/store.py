@@ -8,7 +8,6 @@ is safe to call from any thread.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import stat
@@ -40,12 +39,12 @@ from .layout import (
     CATALOG_FILE,
     DEFAULT_DEVICE,
     DEFAULT_SEGMENT_SIZE,
-    LOCK_FILE,
     StoreConfig,
     check_new_store_dir,
     fsync_dir,
     new_config,
     read_config,
+    take_lock,
     write_config,
 )
 from .log import LOCATION_COLS, Location, Log, check_chunk, location
@@ -123,15 +122,7 @@ class Store(TreeChanges):
         one per CPU)."""
         root = Path(path).absolute()
         config = read_config(root)
-        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise Busy(f"{root}: store is in use by another process{f' (pid {holder})' if holder else ''}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        fd = take_lock(root, "store")
         try:
             return cls(root, config, fd, workers)
         except BaseException:
