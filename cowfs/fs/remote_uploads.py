@@ -46,6 +46,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
 
     unsubscribe = None
     server: NoticeServer | None = None
+    refused: str | None = None  # a notice address that could not be listened on
     retry = 0.0
     pushed_gen = -1
     try:
@@ -63,11 +64,12 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                 continue
             if unsubscribe is None:
                 unsubscribe = store.events.subscribe(deliver)
-            if server is None and cfg.notify is not None:
+            if server is None and cfg.notify is not None and cfg.notify != refused:
                 try:
                     server = NoticeServer(cfg.notify, tier.bucket(), store.config.store_uuid)
-                except (OSError, CowfsError) as e:
+                except (OSError, CowfsError) as e:  # said once: tried again when the address changes
                     log.warning("no notices to consumers: cannot listen on %s (%s)", cfg.notify, e)
+                    refused = cfg.notify
             if not dirty:
                 # changes that publish no event (mkdir, chmod, xattrs) are caught by a look at
                 # the generation now and then, from a worker thread

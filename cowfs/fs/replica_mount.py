@@ -86,29 +86,37 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
             if g <= gen:
                 continue
             try:
-                path = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
+                await _apply(replica, source, gen, g, key)
             except CowfsError as e:
                 log.warning("generation %d not applied: %s", g, e)
                 continue
-            inos, entries = await trio.to_thread.run_sync(changes_between, path, gen, g)
-            catalog = await trio.to_thread.run_sync(Catalog, path)
-            for done in replica.use_catalog(catalog):
-                await trio.to_thread.run_sync(done.close)
-            for parent, name in entries:
-                pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
-            for ino in inos:
-                try:
-                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ViewTable.encode(LIVE_VIEW, ino))
-                except Exception:  # noqa: BLE001 - not cached: nothing to drop
-                    pass
-            if replica.events.active:
-                events = await trio.to_thread.run_sync(events_between, replica, gen, g)
-                replica.events.publish(events)
-            log.info("generation %d applied (%d inodes, %d entries changed)", g, len(inos), len(entries))
+            except Exception:  # noqa: BLE001 - the mount goes on serving what it has; the next notice tries again
+                log.exception("generation %d not applied", g)
+                continue
             gen = g
-            await trio.to_thread.run_sync(source.drop_catalogs, {path, *replica.catalog_paths()})
     finally:
         await trio.to_thread.run_sync(listener.close)
+
+
+async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str) -> None:
+    """Fetch generation g, serve it, drop what the kernel caches of what changed since gen."""
+    path = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
+    inos, entries = await trio.to_thread.run_sync(changes_between, path, gen, g)
+    catalog = await trio.to_thread.run_sync(Catalog, path)
+    for done in replica.use_catalog(catalog):
+        await trio.to_thread.run_sync(done.close)
+    for parent, name in entries:
+        pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
+    for ino in inos:
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ViewTable.encode(LIVE_VIEW, ino))
+        except Exception:  # noqa: BLE001 - not cached: nothing to drop
+            pass
+    if replica.events.active:
+        events = await trio.to_thread.run_sync(events_between, replica, gen, g)
+        replica.events.publish(events)
+    log.info("generation %d applied (%d inodes, %d entries changed)", g, len(inos), len(entries))
+    await trio.to_thread.run_sync(source.drop_catalogs, {path, *replica.catalog_paths()})
 
 
 async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None) -> None:

@@ -17,6 +17,7 @@ index is adopted in step 1, and a catalog is never named before every chunk it u
 """
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import tempfile
@@ -38,6 +39,7 @@ from .state import RemoteState
 if TYPE_CHECKING:
     from ..store import Store
 
+log = logging.getLogger("cowfs.remote")
 PACK_SIZE = 64 << 20
 KEEP_CATALOGS = 3
 CATALOG_LEVEL = 3  # zstd level of catalog objects
@@ -69,7 +71,7 @@ class PushReport:
     skipped: bool = False  # nothing new since the last pass
     seconds: float = 0.0
 
-    def to_json(self) -> dict[str, int | float | bool]:
+    def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
@@ -97,9 +99,13 @@ def refresh(bucket: Bucket, state: RemoteState) -> tuple[int, int]:
         if not is_pack_name(name) or name in indexed or name in known:
             continue
         data = bucket.get(obj.key)
-        if pack_name(data) != name:
-            continue  # damaged or foreign: fsck's business, not the uploader's
-        entries = entries_of_pack(data)
+        try:
+            if pack_name(data) != name:
+                raise CorruptData("its bytes do not hash to its name")
+            entries = entries_of_pack(data)
+        except CorruptData as e:  # damaged or foreign: left for fsck, never indexed
+            log.warning("pack %s without an index left alone: %s", name[:16], e)
+            continue
         bucket.put(index_key(bucket, name), encode_index(name, len(data), entries))
         state.add_pack(name, len(data), entries, mine=False)
         adopted += 1
