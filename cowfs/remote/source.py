@@ -3,7 +3,7 @@ that catalog made servable from packs (docs/design.md, section 17, "Consumers").
 
 `CACHE/` (the `--cache DIR` of `cowfs mount s3://...`):
   remote.db          what the consumer knows of the bucket (the producer's format: state.py)
-  catalog-G.db       the followed store's catalog as of generation G, its chunk rows pointed
+  catalog-UUID-G.db  the followed store's catalog as of generation G, its chunk rows pointed
                      at packs (seg_id: the pack's rowid in remote.db, offset: in the pack)
   blocks/PACK/N      cached pack blocks (replica.BlockCache)
 """
@@ -26,8 +26,8 @@ from .upload import decode_catalog
 CATALOG_SUFFIX = ".db.zst"
 
 
-def catalog_name(gen: int) -> str:
-    return f"catalog-{gen:016d}.db"
+def catalog_name(store_uuid: str, gen: int) -> str:
+    return f"catalog-{store_uuid}-{gen:016d}.db"
 
 
 class ReplicaSource:
@@ -37,6 +37,8 @@ class ReplicaSource:
         self.bucket.check()
         cache.mkdir(parents=True, exist_ok=True)
         self.state = RemoteState(cache / REMOTE_STATE_FILE, cfg.url)
+        if self.state.reset:  # the cache served another bucket: its catalogs name packs by old numbers
+            self.drop_catalogs(set())
         self._lock = threading.Lock()  # remote.db is used by the sync thread and by readers
         self.store_uuid = store_uuid or self._only_store()
 
@@ -82,8 +84,8 @@ class ReplicaSource:
         return n
 
     def fetch_catalog(self, gen: int, key: str) -> Path:
-        """The catalog object `key`, made servable from the packs, as CACHE/catalog-G.db."""
-        dest = self.cache / catalog_name(gen)
+        """The catalog object `key`, made servable from the packs, as CACHE/catalog-UUID-G.db."""
+        dest = self.cache / catalog_name(self.store_uuid, gen)
         if dest.exists():
             return dest
         tmp = dest.with_name(dest.name + ".tmp")

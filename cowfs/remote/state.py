@@ -54,7 +54,8 @@ class RemoteState:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)
         row = self.conn.execute("SELECT value FROM meta WHERE key='url'").fetchone()
-        if row is not None and row[0] != url:
+        self.reset = row is not None and row[0] != url  # it described another bucket until now
+        if self.reset:
             # facts about another bucket: forget them (the new one is listed afresh)
             with self.txn():
                 for table in ("packs", "objects", "catalogs", "meta"):
