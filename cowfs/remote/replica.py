@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("cowfs.replica")
 BLOCK = 4 << 20  # bytes per ranged GET and per cached block
 FETCH_THREADS = 8
+RECENT_BLOCKS = 16  # blocks kept in memory as well (64 MiB)
+AHEAD_BLOCKS = 2  # blocks fetched beyond the range a reader says it will read
 
 
 class BlockCache:
@@ -52,6 +54,7 @@ class BlockCache:
         self._lock = threading.Lock()
         self._sizes: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._fetching: dict[tuple[str, int], Future[bytes]] = {}
+        self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # checked blocks in memory
         self.pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="cowfs-fetch")
         root.mkdir(parents=True, exist_ok=True)
         found = []
@@ -73,6 +76,11 @@ class BlockCache:
         """Block n of a pack (short at the pack's end), from the cache or the bucket. A cached
         block ends with the CRC-32 of its bytes; one that does not match is fetched again."""
         key = (pack, n)
+        with self._lock:
+            data = self._recent.get(key)
+            if data is not None:
+                self._recent.move_to_end(key)
+                return data
         try:
             raw = self._path(key).read_bytes()
             data, crc = raw[:-4], raw[-4:]
@@ -80,6 +88,7 @@ class BlockCache:
                 with self._lock:
                     if key in self._sizes:
                         self._sizes.move_to_end(key)
+                    self._remember(key, data)
                 return data
             self.forget(pack, n)  # damaged on the local disk: the bucket has it
         except FileNotFoundError:
@@ -115,11 +124,20 @@ class BlockCache:
             with self._lock:
                 self._sizes[key] = len(data)
                 self.fetched_bytes += len(data)
+                self._remember(key, data)
                 self._evict()
             return data
         finally:
             with self._lock:
                 self._fetching.pop(key, None)
+
+    def _remember(self, key: tuple[str, int], data: bytes) -> None:
+        """Keep a block read or fetched last in memory (call with the lock held): the reader's
+        windows are not aligned with blocks, so most blocks are asked for twice or more."""
+        self._recent[key] = data
+        self._recent.move_to_end(key)
+        while len(self._recent) > RECENT_BLOCKS:
+            self._recent.popitem(last=False)
 
     def _evict(self) -> None:
         total = sum(self._sizes.values())
@@ -131,6 +149,7 @@ class BlockCache:
     def forget(self, pack: str, n: int) -> None:
         with self._lock:
             self._sizes.pop((pack, n), None)
+            self._recent.pop((pack, n), None)
         self._path((pack, n)).unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -171,7 +190,7 @@ class PackSegment:
 
     def will_need(self, offset: int, length: int) -> None:
         first, last = offset // BLOCK, (offset + max(length, 1) - 1) // BLOCK
-        for n in range(first, min(last, first + 8) + 1):
+        for n in range(first, min(last, first + 8) + AHEAD_BLOCKS + 1):
             self.cache.prefetch(self.name, n, self.size)
 
     def close(self) -> None:

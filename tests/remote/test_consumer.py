@@ -180,21 +180,23 @@ def test_damaged_cache_is_fetched_again_and_a_missing_pack_gives_eio(store_path,
     cache = tmp_path / "cache"
     with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
         assert (cons / "a.bin").read_bytes() == data(6 << 20, 1)
-        blocks = sorted(cache.glob("blocks/*/*"))
-        assert blocks
-        for b in blocks:  # flip a byte in every cached block: each is fetched again
-            raw = bytearray(b.read_bytes())
-            raw[100] ^= 0xFF
-            b.write_bytes(bytes(raw))
+    blocks = sorted(cache.glob("blocks/*/*"))
+    assert blocks
+    for b in blocks:  # flip a byte in every cached block: each is fetched again
+        raw = bytearray(b.read_bytes())
+        raw[100] ^= 0xFF
+        b.write_bytes(bytes(raw))
+    with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
         assert (cons / "a.bin").read_bytes() == data(6 << 20, 1)
-        assert all(zlib.crc32(b.read_bytes()[:-4]).to_bytes(4, "little") == b.read_bytes()[-4:]
-                   for b in cache.glob("blocks/*/*")), "the damaged blocks were fetched again"
-        # the packs gone from the bucket and from the cache: EIO, never other bytes
-        keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]
-                if "/packs/" in o["Key"]]
-        s3_bucket.client.delete_objects(Bucket=s3_bucket.name, Delete={"Objects": [{"Key": k} for k in keys]})
-        for b in cache.glob("blocks/*/*"):
-            b.unlink()
+    assert all(zlib.crc32(b.read_bytes()[:-4]).to_bytes(4, "little") == b.read_bytes()[-4:]
+               for b in cache.glob("blocks/*/*")), "the damaged blocks were fetched again"
+    # the packs gone from the bucket and from the cache: EIO, never other bytes
+    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]
+            if "/packs/" in o["Key"]]
+    s3_bucket.client.delete_objects(Bucket=s3_bucket.name, Delete={"Objects": [{"Key": k} for k in keys]})
+    for b in cache.glob("blocks/*/*"):
+        b.unlink()
+    with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
         with pytest.raises(OSError) as e:
             (cons / "a.bin").read_bytes()
         assert e.value.errno == errno.EIO
