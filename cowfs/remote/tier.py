@@ -11,7 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import RemoteError
-from .config import REMOTE_STATE_FILE, RemoteConfig, read_remote_config, remove_remote_config, write_remote_config
+from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
 from .s3 import Bucket
 from .state import RemoteState
 from .upload import PushReport, push
@@ -44,7 +44,8 @@ class RemoteTier:
         return self._bucket
 
     def set(self, cfg: RemoteConfig, create_bucket: bool = False) -> bool:
-        """Check that the bucket answers, then keep `cfg`; returns whether the bucket was made."""
+        """Check `cfg`, and that the bucket answers, then keep it; returns whether the bucket was made."""
+        check_config(cfg, self.store.root)
         bucket = Bucket(cfg)
         made = bucket.create_bucket() if create_bucket else False
         if not made:

@@ -7,7 +7,7 @@ can change (compaction re-encodes) without changing any extent. Byte grouping pu
 of every element together, then byte 1, ...: the sign and exponent bytes of floats, which
 successive checkpoints nearly share, then compress to little. Both steps run in Blosc2's C
 code (SHUFFLE filter with typesize = element size, then ZSTD), which releases the GIL once
-`blosc2.set_releasegil(True)` is called (below; its default holds it, so worker threads
+`blosc2.set_releasegil(True)` is called (`_blosc2`; its default holds it, so worker threads
 would not run in parallel); the differences run in numpy (XOR) and in C (_native: the
 subtraction and its inverse), which release it too.
 
@@ -26,16 +26,28 @@ turns into flipped bits above it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-import blosc2
 import numpy as np
 
 from .. import _native
 from ..errors import CorruptData
 from .records import CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
-blosc2.set_releasegil(True)  # compression and decompression release the GIL (worker threads scale)
+_blosc2_module: Any = None
+
+
+def _blosc2() -> Any:
+    """Blosc2, imported at first use: it costs ~0.25 s of CPU (it pulls in httpx and rich), which
+    every `cowfs` command would pay otherwise. Compression and decompression release the GIL
+    from then on (worker threads scale)."""
+    global _blosc2_module
+    if _blosc2_module is None:
+        import blosc2
+
+        blosc2.set_releasegil(True)
+        _blosc2_module = blosc2
+    return _blosc2_module
 
 CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", CODEC_SUB: "sub"}
 DELTA_CODECS = (CODEC_XOR, CODEC_SUB)
@@ -62,6 +74,7 @@ class Encoded:
 
 def _grouped(data: bytes | memoryview, elem_size: int) -> bytes:
     typesize = elem_size if 1 <= elem_size <= MAX_TYPESIZE else 1
+    blosc2 = _blosc2()
     return blosc2.compress2(data, typesize=typesize, clevel=CLEVEL, filters=[blosc2.Filter.SHUFFLE],
                             codec=blosc2.Codec.ZSTD, nthreads=1)
 
@@ -190,6 +203,7 @@ def _typesize(packed: bytes | memoryview) -> int:
 def _unpack_into(packed: bytes | memoryview, dest: memoryview) -> np.ndarray:
     """Decompress a Blosc2 chunk into `dest`, which its header must say it fills exactly;
     `dest` as a uint8 array."""
+    blosc2 = _blosc2()
     try:
         nbytes, cbytes, _block = blosc2.get_cbuffer_sizes(packed)
     except Exception as e:

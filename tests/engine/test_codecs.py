@@ -141,3 +141,12 @@ def test_every_encoding_round_trips(a: bytes, b: bytes, elem: int) -> None:
     assert delta is not None and delta.codec == (CODEC_SUB if n % elem == 0 and elem != 3 else CODEC_XOR)
     for enc in (encode_whole(raw, elem), delta):
         assert bytes(decode(enc.codec, enc.payload, n, lambda _i: base)) == raw
+
+
+def test_blosc2_is_loaded_at_first_use_with_the_gil_released():
+    import blosc2
+
+    from cowfs.store import codecs
+
+    codecs.encode_whole(bytes(range(256)) * 64, 4)
+    assert blosc2.set_releasegil(True) is True  # the previous setting: the engine's first use set it
