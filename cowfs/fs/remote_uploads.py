@@ -9,14 +9,17 @@ retried with backoff; nothing is lost meanwhile, since the local log holds every
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..errors import CowfsError
-from ..remote.notices import NoticeServer
-from ..remote.tier import tier_of
+from ..remote.config import REMOTE_FILE
 from ..store.events import Event
 from .operations import CowfsOperations
+
+if TYPE_CHECKING:
+    from ..remote.notices import NoticeServer
 
 log = logging.getLogger("cowfs.remote")
 CONFIG_CHECK = 1.0  # seconds between looks for a remote set while mounted
@@ -26,8 +29,21 @@ RETRY_MAX = 60.0
 PUSHED_LOG = "uploaded generation %d: %d chunks in %d packs (%d bytes), catalog %d bytes, in %.2fs"
 
 
+def _remote_modules() -> tuple:  # type: ignore[type-arg]
+    from ..remote.notices import NoticeServer
+    from ..remote.tier import tier_of
+
+    return NoticeServer, tier_of
+
+
 async def upload_in_background(ops: CowfsOperations) -> None:
     store = ops.store
+    # boto3 costs ~0.2 s of CPU to import: only once the store has a remote
+    while not (store.root / REMOTE_FILE).exists():
+        if ops.handles.unmounting:
+            return
+        await trio.sleep(CONFIG_CHECK)
+    notice_server, tier_of = await trio.to_thread.run_sync(_remote_modules)
     tier = tier_of(store)
     token = trio.lowlevel.current_trio_token()
     wake = trio.Event()
@@ -66,7 +82,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                 unsubscribe = store.events.subscribe(deliver)
             if server is None and cfg.notify is not None and cfg.notify != refused:
                 try:
-                    server = NoticeServer(cfg.notify, tier.bucket(), store.config.store_uuid)
+                    server = notice_server(cfg.notify, tier.bucket(), store.config.store_uuid)
                 except (OSError, CowfsError) as e:  # said once: tried again when the address changes
                     log.warning("no notices to consumers: cannot listen on %s (%s)", cfg.notify, e)
                     refused = cfg.notify

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.remote.conftest import S3Bucket
-from tests.support import rgw as rgw_module
 from tests.support.rgw import RgwCluster, RgwCredentials, RgwError, missing_binaries, s3_client
 
 MiB = 1 << 20
@@ -164,21 +162,6 @@ def test_failed_bring_up_raises_with_the_log_and_leaves_nothing(tmp_path: Path) 
     assert "client.rgw.gw exited" in str(e.value) and "failed to parse endpoint" in str(e.value), str(e.value)
     started = [p.pid for p in [*c.procs.values(), *c.jobs.values()]]
     assert c.pids and not any(map(pid_exists, started))
-
-
-@pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
-def test_a_port_taken_meanwhile_gets_another_try(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The port chosen for radosgw is taken before radosgw binds it: start() tries again."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        real = rgw_module.free_ports
-        first = iter([[real(1)[0], taken.getsockname()[1]]])      # mon's port, then radosgw's
-        monkeypatch.setattr(rgw_module, "free_ports", lambda n: next(first, None) or real(n))
-        with RgwCluster(tmp_path / "c") as c:
-            assert c.credentials is not None and c.rgw_port != taken.getsockname()[1]
-            assert "retry on new ports" in c.phases
-            s3_client(c.credentials).create_bucket(Bucket="second-try")
 
 
 @pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
