@@ -172,6 +172,8 @@ class PackSegment:
                 n, within = divmod(pos, BLOCK)
                 block = self.cache.block(self.name, n, self.size)
                 take = memoryview(block)[within:within + want - got]
+                if not len(take):
+                    break  # a block shorter than the pack's index says: the caller sees a short read
                 while len(take):
                     v = views[0]
                     k = min(len(v), len(take))
