@@ -97,7 +97,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             dirty = False
             try:
                 report = await trio.to_thread.run_sync(
-                    lambda: tier.push(stop=lambda: ops.handles.unmounting))
+                    lambda: tier.push(stop=lambda: ops.handles.unmounting, background=True))
             except CowfsError as e:
                 dirty = True
                 retry = min(max(retry * 2, RETRY_FIRST), RETRY_MAX)

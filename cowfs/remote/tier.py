@@ -6,8 +6,10 @@ together.
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import RemoteError
@@ -23,6 +25,16 @@ _tiers: "weakref.WeakKeyDictionary[Store, RemoteTier]" = weakref.WeakKeyDictiona
 _tiers_lock = threading.Lock()
 
 
+UPLOAD_NICE = 10
+
+
+def _lower_priority() -> None:
+    try:  # Linux: a thread's own nice value (setpriority on its thread id)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_NICE)
+    except OSError:
+        pass
+
+
 class RemoteTier:
     def __init__(self, store: "Store") -> None:
         self.store = store
@@ -31,6 +43,7 @@ class RemoteTier:
         self._config: RemoteConfig | None = read_remote_config(store.root)
         self.last: PushReport | None = None
         self.last_error: str | None = None
+        self._uploader: ThreadPoolExecutor | None = None
 
     @property
     def config(self) -> RemoteConfig | None:
@@ -61,7 +74,14 @@ class RemoteTier:
             return remove_remote_config(self.store.root)
 
     def push(self, progress: Callable[[int, int], None] | None = None,
-             stop: Callable[[], bool] | None = None) -> PushReport:
+             stop: Callable[[], bool] | None = None, background: bool = False) -> PushReport:
+        """One upload pass. `background` (the daemon's passes): on a thread of its own at a
+        lower CPU priority (nice +UPLOAD_NICE, inherited by boto3's part threads), so saves
+        going on meanwhile get the CPU first."""
+        if background:
+            if self._uploader is None:
+                self._uploader = ThreadPoolExecutor(1, thread_name_prefix="cowfs-upload", initializer=_lower_priority)
+            return self._uploader.submit(self.push, progress, stop).result()
         with self._lock:
             bucket = self.bucket()
             state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)

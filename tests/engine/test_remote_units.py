@@ -124,3 +124,24 @@ def test_copy_catalog_is_one_generation(store, tmp_path):
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()
     assert pack_name(b"") == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"  # BLAKE3 of nothing
+
+
+def test_background_passes_run_at_a_lower_cpu_priority(store, monkeypatch):
+    import os
+    import threading
+
+    from cowfs.remote import tier as tier_module
+
+    write_remote_config(store.root, RemoteConfig("s3://ckpts/p", endpoint="http://127.0.0.1:1"))
+    seen = []
+
+    def fake_push(*args, **kwargs):  # no bucket needed: where and how the pass runs is what counts
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return "report"
+
+    monkeypatch.setattr(tier_module, "push", fake_push)
+    t = tier_module.RemoteTier(store)
+    assert t.push(background=True) == "report" and t.push() == "report"
+    (bg_tid, bg_nice), (fg_tid, fg_nice) = seen
+    assert bg_nice == os.getpriority(os.PRIO_PROCESS, 0) + tier_module.UPLOAD_NICE
+    assert fg_tid == threading.get_native_id() and fg_nice == os.getpriority(os.PRIO_PROCESS, 0)
