@@ -41,8 +41,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="module")
 def rgw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RgwCluster]:
     """One mon, one OSD and radosgw on 127.0.0.1 for this module's tests."""
-    if missing := missing_binaries():
-        pytest.skip(f"Ceph not installed ({', '.join(missing)} missing): make setup installs it")
+    if missing := missing_binaries():  # make setup installs them: a missing one fails, never skips
+        pytest.fail(f"Ceph not installed ({', '.join(missing)} missing): run make setup", pytrace=False)
     root = tmp_path_factory.mktemp("rgw")
     cluster = RgwCluster(root)
     cluster.start()                    # stops what it started if it fails

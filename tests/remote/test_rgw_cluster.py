@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.remote.conftest import S3Bucket
-from tests.support.rgw import RgwCluster, RgwCredentials, RgwError, missing_binaries, s3_client
+from tests.support.rgw import RgwCluster, RgwCredentials, RgwError, s3_client
 
 MiB = 1 << 20
 
@@ -143,7 +143,6 @@ def test_everything_on_loopback(rgw: RgwCluster) -> None:
     assert listening and all(a.startswith("0100007F:") for a in listening), listening
 
 
-@pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
 def test_stop_ends_every_daemon(tmp_path: Path) -> None:
     with RgwCluster(tmp_path / "c") as c:
         pids = c.pids
@@ -152,7 +151,6 @@ def test_stop_ends_every_daemon(tmp_path: Path) -> None:
     c.stop()                                             # a second stop is harmless
 
 
-@pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
 def test_failed_bring_up_raises_with_the_log_and_leaves_nothing(tmp_path: Path) -> None:
     """radosgw cannot start: start() raises with radosgw's log tail, and all is stopped."""
     c = RgwCluster(tmp_path / "c", timeout=120,
@@ -164,7 +162,6 @@ def test_failed_bring_up_raises_with_the_log_and_leaves_nothing(tmp_path: Path) 
     assert c.pids and not any(map(pid_exists, started))
 
 
-@pytest.mark.skipif(bool(missing_binaries()), reason="Ceph not installed (make setup installs it)")
 def test_command_line_start_until_sigterm(tmp_path: Path) -> None:
     """python -m tests.support.rgw start DIR: JSON on one line, daemons gone after SIGTERM."""
     p = subprocess.Popen([sys.executable, "-m", "tests.support.rgw", "start", str(tmp_path / "c")],
