@@ -56,9 +56,12 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         for line in r["repaired"]:
             print(f"repaired: {line}")
         state = "clean" if r["clean"] else f"{len(r['remaining'])} problem(s)"
+        evicted = (f", {r['segments_evicted']} segments kept only in the bucket (cowfs remote fsck checks them)"
+                   if r.get("segments_evicted") else "")
         print(
             f"fsck: {state}: {r['chunks_checked']} chunks, {human_bytes(r['bytes_checked'])} verified in "
             f"{r['segments_checked']} segments, {human_bytes(r['unreferenced_bytes'])} unreferenced (gc reclaims it)"
+            + evicted
         )
     return 0 if r["clean"] else 1
 

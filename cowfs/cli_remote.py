@@ -8,7 +8,7 @@ from typing import Any
 
 from .cli_common import TARGET_HELP, progress_bar
 from .control import Target
-from .units import human_bytes
+from .units import human_bytes, parse_size
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
@@ -17,10 +17,17 @@ def cmd_remote(args: argparse.Namespace) -> int:
             creds = None if args.credentials is None else os.path.abspath(args.credentials)
             r = t.call("remote_set", url=args.url, endpoint=args.endpoint, region=args.region,
                        credentials_file=creds, profile=args.profile, create_bucket=args.create_bucket,
-                       notify=args.notify)
+                       notify=args.notify, local_limit=_size(args.local_limit), fetch_cache=_size(args.fetch_cache))
             made = " (bucket created)" if r["bucket_created"] else ""
             print(f"remote {r['remote']}{made}: new versions are uploaded in the background while mounted; "
                   f"`cowfs remote push {args.store}` uploads now")
+            if args.local_limit is not None:
+                print(f"segments beyond {human_bytes(parse_size(args.local_limit))} on the local disk are evicted once they are "
+                      "in the bucket, and fetched when read")
+        elif args.action == "fetch":
+            r = t.call("remote_fetch", progress=progress_bar("fetching"))
+            print(f"{r['segments']} evicted segments fetched back ({human_bytes(r['bytes'])}); no limit on the local "
+                  f"log now ({human_bytes(r['local_bytes'])} in segment files)")
         elif args.action == "unset":
             r = t.call("remote_unset")
             print("remote removed (the bucket is left as it is)" if r["removed"] else "no remote was set")
@@ -34,9 +41,23 @@ def cmd_remote(args: argparse.Namespace) -> int:
                 print(f"generation {r['generation']} in the bucket: {r['chunks']} chunks in {r['packs']} packs, "
                       f"{human_bytes(r['bytes'])} uploaded, catalog {human_bytes(r['catalog_bytes'])}, "
                       f"{r['seconds']:.1f} s")
+            if r.get("evicted") and not args.json:
+                _print_eviction(r["evicted"])
         else:
             _print_status(t.call("remote_status"), args.json)
     return 0
+
+
+def _size(text: str | None) -> int | None:
+    return None if text is None else parse_size(text)
+
+
+def _print_eviction(e: dict[str, Any]) -> None:
+    line = (f"local log {human_bytes(e['local_bytes'])} of {human_bytes(e['limit'])}: {e['segments']} segments "
+            f"evicted now ({human_bytes(e['bytes'])}), {e['evicted_total']} kept only in the bucket")
+    if e["local_bytes"] > e["limit"] and e["kept"]:
+        line += "; over the limit because " + "; ".join(f"{n} segments: {why}" for why, n in e["kept"].items())
+    print(line)
 
 
 def _print_status(s: dict[str, Any], as_json: bool) -> None:
@@ -50,6 +71,9 @@ def _print_status(s: dict[str, Any], as_json: bool) -> None:
     print(f"uploaded:    generation {s['catalog_generation']} of {s['generation']}")
     print(f"bucket:      {s['chunks']} chunks in {s['packs']} packs, {human_bytes(s['pack_bytes'])} "
           f"({human_bytes(s['uploaded_bytes'])} uploaded by this store)")
+    limit = "no limit" if s["local_limit"] is None else f"limit {human_bytes(s['local_limit'])}"
+    print(f"local log:   {human_bytes(s['local_bytes'])} ({limit}), {s['evicted_segments']} segments kept only "
+          "in the bucket")
     if s.get("last_error"):
         print(f"last error:  {s['last_error']}")
 
@@ -73,11 +97,16 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
     c.add_argument("--notify", metavar="HOST:PORT", help="while mounted, send consumers (cowfs mount s3://...) a notice "
                    "of each new version from this address (PORT 0: any free port)")
+    c.add_argument("--local-limit", metavar="SIZE", help="keep at most SIZE of segment files on the local "
+                   "disk: older segments already in the bucket are evicted, and fetched when read (default: no limit)")
+    c.add_argument("--fetch-cache", metavar="SIZE", help="keep up to SIZE of fetched pieces of evicted "
+                   "segments in STORE/cache (default 1G)")
     for name, help_ in (("status", "what the bucket holds of this store"),
                         ("push", "upload what the bucket lacks of the current generation, now"),
+                        ("fetch", "fetch every evicted segment back and stop evicting"),
                         ("unset", "stop uploading (nothing is deleted from the bucket)")):
         c = act.add_parser(name, help=help_, epilog=f"example: cowfs remote {name} /mnt/ckpt")
         c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
-        if name != "unset":
+        if name not in ("unset", "fetch"):
             c.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_remote)

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import service
+from . import service, service_remote
 from .errors import CowfsError, StoreError
 from .store import Store
 from .mountinfo import mounted_cowfs
@@ -26,7 +26,7 @@ class DirectTarget:
     mounted = False
 
     def __init__(self, store_path: Path) -> None:
-        self.store = Store.open(store_path)
+        self.store = Store.open(store_path, pack_reader=service_remote.pack_reader)
 
     def call(self, op: str, progress: Progress | None = None, **args: Any) -> Any:
         if progress is not None and op in service.WITH_PROGRESS:

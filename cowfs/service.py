@@ -147,6 +147,7 @@ def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -
         "chunks_checked": report.chunks_checked,
         "bytes_checked": report.bytes_checked,
         "segments_checked": report.segments_checked,
+        "segments_evicted": report.segments_evicted,
         "unreferenced_bytes": report.unreferenced_bytes,
         "seconds": round(report.seconds, 3),
     }

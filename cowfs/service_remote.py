@@ -4,10 +4,12 @@ The remote modules (boto3 among them) are imported by the first request that nee
 so every other `cowfs` command starts as fast as before (boto3 costs ~0.1 s of CPU)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .remote.tier import RemoteTier
+    from .store.evicted import PackReader
     from .store import Store
 
 
@@ -19,11 +21,12 @@ def _tier(store: "Store") -> "RemoteTier":
 
 def remote_set(store: "Store", url: str, endpoint: str | None = None, region: str | None = None,
                credentials_file: str | None = None, profile: str | None = None,
-               create_bucket: bool = False, notify: str | None = None) -> dict[str, Any]:
+               create_bucket: bool = False, notify: str | None = None, local_limit: int | None = None,
+               fetch_cache: int | None = None) -> dict[str, Any]:
     from .remote.config import RemoteConfig
 
     cfg = RemoteConfig(url=url, endpoint=endpoint, region=region, credentials_file=credentials_file, profile=profile,
-                       notify=notify)
+                       notify=notify, local_limit=local_limit, fetch_cache=fetch_cache)
     made = _tier(store).set(cfg, create_bucket=create_bucket)
     return {"remote": cfg.url, "endpoint": endpoint, "bucket_created": made}
 
@@ -40,9 +43,22 @@ def remote_push(store: "Store", progress: Callable[[int, int], None] | None = No
     return _tier(store).push(progress=progress).to_json()
 
 
+def remote_fetch(store: "Store", progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    return _tier(store).fetch_back(progress=progress)
+
+
+def pack_reader(root: Path) -> "PackReader":
+    """The reader of a store's evicted segments (Store.open's `pack_reader`): boto3 and the
+    remote modules are imported only when a store first reads an evicted segment."""
+    from .remote.evicted_reads import bucket_pack_reader
+
+    return bucket_pack_reader(root)
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "remote_set": remote_set,
     "remote_unset": remote_unset,
     "remote_status": remote_status,
     "remote_push": remote_push,
+    "remote_fetch": remote_fetch,
 }

@@ -25,6 +25,7 @@ import trio
 
 from ..errors import Busy, CowfsError, StoreError
 from ..mountinfo import FSNAME_PREFIX, daemon_pid, lazy_unmount, mount_fields, mounted_cowfs, process_alive
+from .. import service_remote
 from ..store import Store
 from ..store.layout import LOCK_FILE, read_config
 from ..units import parse_duration
@@ -167,7 +168,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
-    store = Store.open(store_path, workers=workers)
+    store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
     try:
         _setup_logging(store.root, foreground, debug)
         ops = CowfsOperations(store)

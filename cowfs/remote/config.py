@@ -17,6 +17,7 @@ from ..store.layout import fsync_dir, write_durably
 REMOTE_FILE = "remote.json"
 REMOTE_STATE_FILE = "remote.db"
 FORMAT_NAME = "cowfs-remote"
+MIN_FETCH_CACHE = 16 << 20
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
@@ -62,6 +63,8 @@ class RemoteConfig:
     credentials_file: str | None = None  # an AWS credentials file (ini) outside the store
     profile: str | None = None  # its section; None: "default"
     notify: str | None = None  # HOST:PORT the producer's daemon sends notices of new versions from (notices.py)
+    local_limit: int | None = None  # bytes of segment files kept locally; beyond, segments in the bucket are evicted
+    fetch_cache: int | None = None  # bytes of fetched pack blocks kept in STORE/cache (None: 1 GiB)
 
     @property
     def address(self) -> RemoteAddress:
@@ -86,6 +89,10 @@ def check_config(cfg: RemoteConfig, store_root: Path | None = None) -> None:
             raise InvalidArgument(f"{path}: no such credentials file")
     if cfg.notify is not None:
         parse_address(cfg.notify)
+    if cfg.local_limit is not None and cfg.local_limit < 0:
+        raise InvalidArgument(f"local limit {cfg.local_limit}: give a size (0: keep only the newest segment)")
+    if cfg.fetch_cache is not None and cfg.fetch_cache < MIN_FETCH_CACHE:
+        raise InvalidArgument(f"fetch cache {cfg.fetch_cache}: give at least {MIN_FETCH_CACHE >> 20} MiB")
 
 
 def write_remote_config(root: Path, cfg: RemoteConfig) -> None:
@@ -107,11 +114,21 @@ def read_remote_config(root: Path) -> RemoteConfig | None:
     try:
         cfg = RemoteConfig(url=str(data["url"]), endpoint=data.get("endpoint"), region=data.get("region"),
                            credentials_file=data.get("credentials_file"), profile=data.get("profile"),
-                           notify=data.get("notify"))
+                           notify=data.get("notify"), local_limit=_size_or_none(data, "local_limit", path),
+                           fetch_cache=_size_or_none(data, "fetch_cache", path))
     except KeyError as e:
         raise RemoteError(f"{path}: remote config is missing {e}") from None
     cfg.address  # noqa: B018
     return cfg
+
+
+def _size_or_none(data: dict, key: str, path: Path) -> int | None:  # type: ignore[type-arg]
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RemoteError(f"{path}: {key} is not a byte count")
+    return value
 
 
 def remove_remote_config(root: Path) -> bool:

@@ -6,6 +6,7 @@ together.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import weakref
@@ -13,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import RemoteError
+from ..store.evict import evicted_count, restore_all
+from ..store.stats import physical_bytes
 from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
+from .evict import evict
 from .s3 import Bucket
 from .state import RemoteState
 from .upload import PushReport, push
@@ -59,6 +63,8 @@ class RemoteTier:
     def set(self, cfg: RemoteConfig, create_bucket: bool = False) -> bool:
         """Check `cfg`, and that the bucket answers, then keep it; returns whether the bucket was made."""
         check_config(cfg, self.store.root)
+        if self._config is not None and cfg.url != self._config.url:
+            self._refuse_if_evicted(f"move the remote to {cfg.url}")
         bucket = Bucket(cfg)
         made = bucket.create_bucket() if create_bucket else False
         if not made:
@@ -68,7 +74,15 @@ class RemoteTier:
             self._config, self._bucket = cfg, bucket
         return made
 
+    def _refuse_if_evicted(self, what: str) -> None:
+        n = evicted_count(self.store)
+        if n:
+            raise RemoteError(f"cannot {what}: {n} segments of this store are kept only in "
+                              f"{self._config.url if self._config else 'its bucket'} (set no --local-limit, "
+                              "and give the store room to fetch them back first)")
+
     def unset(self) -> bool:
+        self._refuse_if_evicted("unset the remote")
         with self._lock:
             self._config, self._bucket = None, None
             return remove_remote_config(self.store.root)
@@ -87,6 +101,9 @@ class RemoteTier:
             state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
             try:
                 report = push(self.store, bucket, state, progress=progress, stop=stop)
+                limit = self._config.local_limit if self._config is not None else None
+                if limit is not None and not (stop is not None and stop()):
+                    report.evicted = evict(self.store, state, limit).to_json()
                 self.last, self.last_error = report, None
                 return report
             except RemoteError as e:
@@ -94,6 +111,17 @@ class RemoteTier:
                 raise
             finally:
                 state.close()
+
+    def fetch_back(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Stop evicting (the limit is removed from remote.json first) and fetch every evicted
+        segment back into a local file."""
+        with self._lock:
+            if self._config is not None and self._config.local_limit is not None:
+                cfg = dataclasses.replace(self._config, local_limit=None)
+                write_remote_config(self.store.root, cfg)
+                self._config = cfg
+            segments, nbytes = restore_all(self.store, progress)
+        return {"segments": segments, "bytes": nbytes, "local_bytes": physical_bytes(self.store.root)}
 
     def status(self) -> dict[str, Any]:
         if self._config is None:
@@ -104,7 +132,8 @@ class RemoteTier:
         finally:
             state.close()
         return {"remote": self._config.url, "endpoint": self._config.endpoint, **totals,
-                "generation": self.store.generation,
+                "generation": self.store.generation, "local_limit": self._config.local_limit,
+                "local_bytes": physical_bytes(self.store.root), "evicted_segments": evicted_count(self.store),
                 "last_push": None if self.last is None else self.last.to_json(), "last_error": self.last_error}
 
 

@@ -70,6 +70,7 @@ class PushReport:
     catalog_key: str = ""  # the catalog object of `generation`
     skipped: bool = False  # nothing new since the last pass
     seconds: float = 0.0
+    evicted: dict[str, object] | None = None  # what the eviction after the pass did (evict.EvictReport), if limited
 
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)

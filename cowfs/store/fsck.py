@@ -22,6 +22,7 @@ from . import namespace as ns
 from . import xattrs
 from .catalog import Txn, rebuild_catalog
 from .device import round_up
+from .evicted import read_map
 from .layout import CATALOG_FILE, segment_path
 from .codecs import DELTA_CODECS, base_of
 from .log import Location, location
@@ -61,6 +62,7 @@ class FsckReport:
     chunks_checked: int = 0
     bytes_checked: int = 0
     segments_checked: int = 0
+    segments_evicted: int = 0  # kept only in the bucket: their records are checked by `cowfs remote fsck`
     unreferenced_bytes: int = 0  # records no version uses: reclaimable by gc, not an error
     seconds: float = 0.0
 
@@ -142,6 +144,8 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
             "SELECT cid, hash, offset, stored_len, codec, raw_len, base_cid FROM chunks WHERE seg_id=? ORDER BY offset",
             (seg_id,)).fetchall()
         path = segment_path(store.root, seg_id)
+        if not path.exists() and _check_evicted(store, seg_id, rows, bad_chunks, report):
+            continue
         if not path.exists():
             for cid, *_ in rows:
                 bad_chunks[cid] = f"segment {seg_id} is missing"
@@ -219,6 +223,26 @@ def _scan(store: "Store", conn: sqlite3.Connection, report: FsckReport, progress
 
     _check_references(conn, report)
     return bad_chunks, intact_copies
+
+
+def _check_evicted(store: "Store", seg_id: int, rows: list[tuple], bad_chunks: dict[int, str],  # type: ignore[type-arg]
+                   report: FsckReport) -> bool:
+    """Check an evicted segment's rows against its map; False when it has no map (it is missing)."""
+    try:
+        emap = read_map(store.root, seg_id)
+    except CorruptData as e:
+        for cid, *_ in rows:
+            bad_chunks[cid] = f"segment {seg_id} (evicted): {e}"
+        report.problems.append(Problem("segment", f"segment {seg_id}: {e}"))
+        return True
+    if emap is None:
+        return False
+    report.segments_evicted += 1
+    spans = {e.seg_offset: e.span for e in emap.entries}
+    for cid, _h, off, n, *_ in rows:
+        if spans.get(off) != record_span(n):
+            bad_chunks[cid] = f"segment {seg_id} offset {off}: evicted, and its map does not name the record"
+    return True
 
 
 def _verify(store: "Store", conn: sqlite3.Connection, h: bytes, loc: Location, base_cid: int | None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .catalog import Txn
+from .evicted import map_path
 from .device import round_up
 from .layout import segment_path
 from .lineage import forget_dead_pieces
@@ -102,7 +103,7 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
                 limit = head_end
             else:
                 path = segment_path(store.root, seg_id)
-                limit = path.stat().st_size if path.exists() else 0
+                limit = path.stat().st_size if path.exists() else 0  # 0: evicted (or missing), nothing to punch
             if not used and seg_id != head_id:
                 empty.append(seg_id)
                 continue
@@ -133,6 +134,7 @@ def collect(store: "Store", progress: Callable[[int, int], None] | None = None) 
         for seg_id in empty:
             store.log.forget_segment(seg_id)
             segment_path(store.root, seg_id).unlink(missing_ok=True)
+            map_path(store.root, seg_id).unlink(missing_ok=True)  # an evicted one's map
     store.catalog.refill_reserve()  # the catalog's room for freeing changes on a full device
     after = store.physical_bytes()
     return GcReport(n_dead, dead_bytes, len(empty), before, after, time.monotonic() - t0)

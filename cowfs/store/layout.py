@@ -88,10 +88,10 @@ def new_config(device: str, segment_size: int) -> StoreConfig:
     return StoreConfig(store_uuid=str(uuid.uuid4()), device=device, segment_size=segment_size)
 
 
-def write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str | bytes) -> None:
     """Replace `path` with `text` whole or not at all: a tmp file, fsync, rename, fsync of the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

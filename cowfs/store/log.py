@@ -12,6 +12,7 @@ import blake3
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -19,6 +20,7 @@ from typing import Callable, Iterable
 from ..errors import CorruptData
 from .codecs import MAX_CHAIN, decode_into
 from .device import FileSegment, round_up, segment_class
+from .evicted import EvictedSegments
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
     CODEC_RAW,
@@ -94,6 +96,10 @@ class Log:
         self._unsynced: set[int] = set()
         self._ends: dict[int, int] = {}
         self.locate: Callable[[bytes], Location | None] | None = None  # a chunk id's catalog location (Store sets it)
+        self.evicted: EvictedSegments | None = None  # segments kept only in the bucket (Store sets it)
+        self._use_lock = threading.Lock()  # reads in flight per segment, so an evicted file closes after them
+        self._readers: Counter[int] = Counter()
+        self._retired: dict[int, list[FileSegment]] = {}
 
     # -- segments ---------------------------------------------------------
 
@@ -104,9 +110,12 @@ class Log:
                 seg = self._open.get(seg_id)
                 if seg is None:
                     path = segment_path(self.root, seg_id)
-                    if not path.exists():
-                        raise CorruptData(f"segment {seg_id} is missing ({path.name})")
-                    seg = self._seg_cls.open(path)
+                    if path.exists():
+                        seg = self._seg_cls.open(path)
+                    else:
+                        seg = self.evicted.open(seg_id) if self.evicted is not None else None  # type: ignore[assignment]
+                        if seg is None:
+                            raise CorruptData(f"segment {seg_id} is missing ({path.name})")
                     self._open[seg_id] = seg
         return seg
 
@@ -115,6 +124,33 @@ class Log:
             seg = self._open.pop(seg_id, None)
             if seg is not None:
                 seg.close()
+
+    def drop_evicted(self, seg_id: int) -> None:
+        """Read segment `seg_id` from its eviction map from now on. Its file is closed now, or
+        by the last read in flight on it (`read_run` counts them)."""
+        with self._lock:
+            seg = self._open.pop(seg_id, None)
+        if seg is None:
+            return
+        with self._use_lock:
+            if self._readers[seg_id]:
+                self._retired.setdefault(seg_id, []).append(seg)
+                return
+        seg.close()
+
+    def _enter(self, seg_id: int) -> None:
+        with self._use_lock:
+            self._readers[seg_id] += 1
+
+    def _leave(self, seg_id: int) -> None:
+        done: list[FileSegment] = []
+        with self._use_lock:
+            self._readers[seg_id] -= 1
+            if not self._readers[seg_id]:
+                del self._readers[seg_id]
+                done = self._retired.pop(seg_id, [])
+        for seg in done:
+            seg.close()
 
     def _rotate(self, need: int) -> None:
         """Start a new head segment big enough for `need` bytes of records."""
@@ -219,6 +255,13 @@ class Log:
         raise CorruptData. With `verify`, each payload's BLAKE3 is checked too (`check_chunk`);
         a caller that passes False must check each payload before using it (against its
         BLAKE3, or against the payload CRC32 of its header: the returned list, in order)."""
+        self._enter(seg_id)
+        try:
+            return self._read_run(seg_id, offset, items, verify)
+        finally:
+            self._leave(seg_id)
+
+    def _read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool) -> list[int]:
         seg = self.segment(seg_id)
         heads = memoryview(bytearray(HEADER_SIZE * len(items)))
         pad = memoryview(bytearray(RECORD_ALIGN))
@@ -275,6 +318,8 @@ class Log:
                 seg.close()
             self._open.clear()
             self._head = None
+        if self.evicted is not None:
+            self.evicted.close()
         return ends
 
     @staticmethod

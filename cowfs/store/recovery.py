@@ -2,7 +2,9 @@
 
 Every segment is cut back to its committed end (records appended after the last
 commit that names them are garbage of an interrupted write), segments the
-catalog does not know or that hold nothing committed are deleted, and the spill
+catalog does not know or that hold nothing committed are deleted (with their
+eviction maps), an eviction a crash interrupted after its map was written is
+finished (the local file is deleted: evict.py), and the spill
 directory of write sessions is cleared. Each step is idempotent, so a crash
 during recovery is recovered by the next open. docs/design.md, "Recovery".
 """
@@ -12,7 +14,8 @@ import shutil
 from pathlib import Path
 
 from .catalog import Catalog
-from .layout import SEGMENTS_DIR, segment_path
+from .evicted import MAP_SUFFIX, RESTORE_SUFFIX, evicted_ids, map_path, read_map
+from .layout import SEGMENTS_DIR, fsync_dir, segment_path
 from .log import Log
 from .records import DATA_START
 
@@ -25,15 +28,28 @@ def recover(root: Path, catalog: Catalog, device: str) -> int:
     released = 0
     rows = dict(catalog.read(lambda c: c.execute("SELECT seg_id, committed_end FROM segments").fetchall()))
     drop: list[int] = []
+    evicted = evicted_ids(root)
     for seg_id, end in rows.items():
         path = segment_path(root, seg_id)
         if end <= DATA_START:
             if path.exists():
                 released += path.stat().st_blocks * 512
                 path.unlink()
+            map_path(root, seg_id).unlink(missing_ok=True)
             drop.append(seg_id)
+        elif seg_id in evicted and path.exists():
+            read_map(root, seg_id)  # a whole map (CorruptData otherwise): the eviction finishes
+            released += path.stat().st_blocks * 512
+            path.unlink()
+            fsync_dir(path.parent)
         elif path.exists():
             released += Log.recover_segment(path, end, device)
+    for seg_id in evicted - set(rows):  # gc deleted the segment's row: its map goes too
+        map_path(root, seg_id).unlink(missing_ok=True)
+    for path in [*(root / SEGMENTS_DIR).glob(f"*{RESTORE_SUFFIX}"),  # a fetch back a crash cut short
+                 *(root / SEGMENTS_DIR).glob(f"*{MAP_SUFFIX}.tmp")]:  # a map not yet renamed
+        released += path.stat().st_blocks * 512
+        path.unlink()
     for path in (root / SEGMENTS_DIR).glob("*.seg"):
         try:
             seg_id = int(path.stem)

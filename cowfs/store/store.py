@@ -30,6 +30,7 @@ from .commit import commit_version, version_events
 from .content import Extent, VersionId, load_extents
 from .diff import DiffReport, compare
 from .events import Event, EventBus
+from .evicted import EvictedSegments, PackReader
 from .fsck import FsckReport, check
 from .gc import GcReport, collect
 from .history import VersionInfo
@@ -62,7 +63,8 @@ T = TypeVar("T")
 
 
 class Store(TreeChanges):
-    def __init__(self, root: Path, config: StoreConfig, lock_fd: int, workers: int | None = None) -> None:
+    def __init__(self, root: Path, config: StoreConfig, lock_fd: int, workers: int | None = None,
+                 pack_reader: Callable[[Path], PackReader] | None = None) -> None:
         self.root = root
         self.config = config
         self._lock_fd = lock_fd
@@ -74,6 +76,7 @@ class Store(TreeChanges):
             raise
         self.log = Log(root, config, self._new_segment_id)
         self.log.locate = self._locate_chunk
+        self.log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
         self.index = ChunkIndex(self.catalog)
         self.capabilities_stored = self.catalog.read(xattrs.any_capability)  # see may_have_xattr
         # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
@@ -117,14 +120,16 @@ class Store(TreeChanges):
         return cfg
 
     @classmethod
-    def open(cls, path: str | os.PathLike, workers: int | None = None) -> "Store":
+    def open(cls, path: str | os.PathLike, workers: int | None = None,
+             pack_reader: Callable[[Path], PackReader] | None = None) -> "Store":
         """Open (and lock) a store; `workers`: threads per pool for per-byte work (default:
-        one per CPU)."""
+        one per CPU); `pack_reader`: makes the reader of evicted segments (the remote tier's
+        `remote.evicted_reads.bucket_pack_reader`), called at the first read of one."""
         root = Path(path).absolute()
         config = read_config(root)
         fd = take_lock(root, "store")
         try:
-            return cls(root, config, fd, workers)
+            return cls(root, config, fd, workers, pack_reader)
         except BaseException:
             os.ftruncate(fd, 0)  # no process holds the store: leave no pid behind
             os.close(fd)

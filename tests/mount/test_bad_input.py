@@ -304,6 +304,8 @@ ARGUMENTS: list[tuple[tuple[str, ...], str]] = [
     (("remote", "set", "{T}", "http://bucket/x"), "a remote is written s3://BUCKET/PREFIX"),
     (("remote", "set", "{T}", "s3://Bad_Bucket/x"), "is not a valid bucket name"),
     (("remote", "set", "{T}", "s3://bucket/x", "--endpoint", "ftp://h"), "the endpoint is an http:// or https:// URL"),
+    (("remote", "set", "{T}", "s3://bucket/x", "--local-limit", "lots"), "not a size"),
+    (("remote", "set", "{T}", "s3://bucket/x", "--fetch-cache", "1M"), "give at least 16 MiB"),
     (("prune", "{T}", "--keep-last", "-1"), "--keep-last must be 0 or more"),
     (("prune", "{T}", "--keep-daily", "-3", "--dry-run"), "--keep-daily must be 0 or more"),
     (("prune", "{T}", "--keep-within", "soon"), "not a duration"),

@@ -10,14 +10,11 @@ work again.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import json
 import os
-import subprocess
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import safetensors.torch
@@ -26,24 +23,12 @@ import torch
 from cowfs.errors import NoSpace
 from cowfs.store import ROOT_INO, Store
 
-from tests.support.mountutil import cowfs, daemon_pid, mounted
+from tests.support.mountutil import cowfs, daemon_pid, mounted, small_fs
 from tests.support.storeutil import assert_clean, data
 
 pytestmark = pytest.mark.mount
 
 SEGMENT = 4 << 20
-
-
-@contextlib.contextmanager
-def small_fs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted on `path` for the body; always unmounted afterwards."""
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def fill(dev: Path, leave: int = 0) -> Path:

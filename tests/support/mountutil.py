@@ -77,3 +77,15 @@ def kill9(store: Path, mnt: Path) -> None:
 
 
 __all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid", "store_path"]
+
+
+@contextlib.contextmanager
+def small_fs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `path` for the body; always unmounted afterwards."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from cowfs.service_remote import pack_reader
 from cowfs.store import ROOT_INO, Store
 
 
@@ -13,7 +14,7 @@ def new_store(path: Path, device: str = "file", segment_size: int = 4 << 20) -> 
 
 
 def assert_clean(path: Path) -> None:
-    with Store.open(path) as store:
+    with Store.open(path, pack_reader=pack_reader) as store:  # an evicted segment's reads need its remote
         report = store.fsck()
     assert report.clean, "\n".join(p.line() for p in report.problems)
 

@@ -1,0 +1,67 @@
+"""Keeping the local log under its limit: after an upload pass, the oldest sealed segments
+whose records are all in the bucket are evicted (store/evict.py does each one safely), until
+the segment files take no more than the store's `local_limit` (docs/design.md, section 17,
+"Capacity"). Reads of an evicted segment fetch from the packs (evicted_reads.py)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..store.evict import BucketRecord, evict_segment, evicted_count, local_segments
+from ..store.stats import physical_bytes
+from .state import RemoteState
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+
+@dataclass
+class EvictReport:
+    limit: int
+    local_bytes: int = 0  # segment files on the local disk after the pass
+    segments: int = 0  # evicted by this pass
+    bytes: int = 0  # local bytes they took
+    evicted_total: int = 0  # segments kept only in the bucket now
+    kept: dict[str, int] = field(default_factory=dict)  # why segments over the limit stay: reason -> count
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def bucket_records(state: RemoteState, hashes: list[bytes]) -> dict[bytes, BucketRecord]:
+    """Where the bucket (as remote.db knows it) holds each of `hashes`."""
+    out: dict[bytes, BucketRecord] = {}
+    for i in range(0, len(hashes), 500):
+        part = hashes[i:i + 500]
+        q = ("SELECT o.hash, o.pack, p.size, o.offset, o.stored_len, o.codec FROM objects o JOIN packs p"
+             " ON p.name = o.pack WHERE o.hash IN (%s)" % ",".join("?" * len(part)))
+        for h, pack, size, offset, stored_len, codec in state.conn.execute(q, part):
+            out[bytes(h)] = BucketRecord(str(pack), int(size), int(offset), int(stored_len), int(codec))
+    return out
+
+
+def evict(store: "Store", state: RemoteState, limit: int) -> EvictReport:
+    """Evict the oldest segments in the bucket until the local segment files fit in `limit`.
+    Only chunks committed by the generation of the newest catalog in the bucket count."""
+    report = EvictReport(limit)
+    used = physical_bytes(store.root)
+    uploaded_gen = state.last_catalog()
+    kept: Counter[str] = Counter()
+    if used > limit:
+        for seg_id, size in local_segments(store):
+            if used <= limit:
+                break
+            why = evict_segment(store, seg_id, lambda hs: bucket_records(state, hs), uploaded_gen)
+            if why is None:
+                used -= size
+                report.segments += 1
+                report.bytes += size
+            else:
+                kept[why] += 1
+    report.local_bytes = physical_bytes(store.root)
+    if report.local_bytes > limit and not kept:
+        kept["it is the segment taking appends (its preallocation counts)"] += 1
+    report.evicted_total = evicted_count(store)
+    report.kept = dict(kept)
+    return report

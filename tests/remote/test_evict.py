@@ -1,0 +1,218 @@
+"""Capacity against the real RGW: with a limit on the local log, segments already in the bucket
+are evicted after an upload pass and fetched (ranged GETs, checked) when read; a history
+larger than the local disk; a crash in the middle of an eviction; gc of evicted segments;
+a missing pack; fetching everything back."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cowfs.errors import CorruptData, RemoteError
+from cowfs.remote.config import RemoteConfig
+from cowfs.remote.tier import tier_of
+from cowfs.service_remote import pack_reader
+from cowfs.store import ROOT_INO, Store
+from cowfs.store import evict as engine_evict
+from cowfs.store.evicted import evicted_ids, map_path, read_map
+from cowfs.store.layout import segment_path
+from cowfs.store.stats import physical_bytes
+from tests.support.mountutil import cowfs, mounted, small_fs
+from tests.support.storeutil import assert_clean, data, new_store
+
+SEGMENT = 4 << 20
+UPLOAD_DEADLINE = 120.0  # seconds: generous, the machine may be busy
+
+
+@pytest.fixture(autouse=True)
+def aws_env(rgw, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+
+
+def limited(store: Store, rgw, bucket: str, limit: int | None, prefix: str = "p") -> RemoteConfig:
+    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.credentials.endpoint, local_limit=limit,
+                       fetch_cache=16 << 20)
+    tier_of(store).set(cfg)
+    return cfg
+
+
+def open_store(path: Path) -> Store:
+    return Store.open(path, pack_reader=pack_reader)
+
+
+def write_series(s: Store, n: int, size: int, seed: int = 0) -> dict[str, bytes]:
+    out = {}
+    for k in range(n):
+        out[f"/run/ckpt-{k}.bin"] = data(size, seed + k)
+        s.write_file(f"/run/ckpt-{k}.bin", out[f"/run/ckpt-{k}.bin"])
+    return out
+
+
+def test_segments_in_the_bucket_are_evicted_and_read_back(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    with open_store(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        files = write_series(s, 6, 3 << 20)
+        before = physical_bytes(path)
+        limited(s, rgw, s3_bucket.name, 8 << 20)
+        report = tier_of(s).push()
+        ev = report.evicted
+        assert ev is not None and ev["segments"] >= 2, ev
+        assert physical_bytes(path) == ev["local_bytes"] <= 8 << 20 < before
+        assert len(evicted_ids(path)) == ev["evicted_total"] == ev["segments"]
+        for seg_id in evicted_ids(path):
+            assert not segment_path(path, seg_id).exists()
+        for name, blob in files.items():  # fetched from the packs, every record checked
+            assert s.read_file(name) == blob
+        status = tier_of(s).status()
+        assert status["evicted_segments"] == ev["segments"] and status["local_limit"] == 8 << 20
+        # a second pass with nothing new evicts nothing more and keeps every read working
+        again = tier_of(s).push()
+        assert again.skipped and again.evicted["segments"] == 0
+    with open_store(path) as s:  # a new process: the maps alone say where the records are
+        for name, blob in files.items():
+            assert s.read_file(name) == blob
+        report = s.fsck()
+        assert report.clean and report.segments_evicted == ev["evicted_total"]
+        # fetch back: every segment local again, no limit any more
+        r = tier_of(s).fetch_back()
+        assert r["segments"] == ev["evicted_total"] and not evicted_ids(path)
+        assert tier_of(s).config.local_limit is None
+    with Store.open(path) as s:  # no remote reader needed any more
+        for name, blob in files.items():
+            assert s.read_file(name) == blob
+    assert_clean(path)
+
+
+def test_a_history_larger_than_the_local_disk(tmp_path, rgw, s3_bucket):
+    """A 48 MiB disk keeps 20 versions of 4 MiB (80 MiB) of new content each, with snapshots."""
+    with small_fs(tmp_path / "disk", "48M") as disk:
+        path = new_store(disk / "s", segment_size=SEGMENT)
+        versions = []
+        with open_store(path) as s:
+            s.mkdir(ROOT_INO, b"run")
+            limited(s, rgw, s3_bucket.name, 12 << 20)
+            for k in range(20):
+                versions.append(data(4 << 20, 100 + k))
+                s.write_file("/run/model.pt", versions[-1])
+                s.snapshot_create(f"v{k}")
+                tier_of(s).push()
+                assert physical_bytes(path) <= 16 << 20, "one segment over the limit at most (the head)"
+            st = os.statvfs(disk)
+            assert sum(map(len, versions)) > st.f_blocks * st.f_frsize
+            for k in (0, 7, 19, 3):
+                assert s.read_file("/run/model.pt", gen=s.snapshot(f"v{k}").gen) == versions[k]
+        assert_clean(path)
+
+
+def test_a_crash_after_the_map_is_written_finishes_the_eviction_at_open(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    with open_store(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        files = write_series(s, 4, 3 << 20)
+        limited(s, rgw, s3_bucket.name, None)
+        tier_of(s).push()
+
+        class Crash(Exception):
+            pass
+
+        def crash(_seg_id):  # the process dies between the map and the deletion of the file
+            raise Crash()
+
+        seg_id = engine_evict.local_segments(s)[0][0]
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(Crash):
+            patch.setattr(s.log, "drop_evicted", crash)
+            tier_of(s).set(RemoteConfig(tier_of(s).config.url, endpoint=rgw.credentials.endpoint, local_limit=1 << 20))
+            tier_of(s).push()
+        assert map_path(path, seg_id).exists() and segment_path(path, seg_id).exists()
+    with open_store(path) as s:  # recovery: the map is whole, so the file goes
+        assert not segment_path(path, seg_id).exists() and read_map(path, seg_id) is not None
+        for name, blob in files.items():
+            assert s.read_file(name) == blob
+    assert_clean(path)
+
+
+def test_gc_of_an_evicted_segment_deletes_its_map(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    with open_store(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        write_series(s, 5, 3 << 20)
+        limited(s, rgw, s3_bucket.name, 1 << 20)
+        tier_of(s).push()
+        gone = set(evicted_ids(path))
+        assert gone
+        for k in range(5):
+            s.unlink(s.lookup(ROOT_INO, b"run").ino, f"ckpt-{k}.bin".encode())
+        s.write_file("/run/new.bin", data(1 << 20, 99))
+        s.expire_history()  # the deleted files' versions go (nothing else kept them)
+        s.gc()
+        assert not (gone & evicted_ids(path)), "the evicted segments held only dead chunks"
+        for seg_id in gone:
+            assert not map_path(path, seg_id).exists()
+        assert s.read_file("/run/new.bin") == data(1 << 20, 99)
+    assert_clean(path)
+
+
+def test_a_missing_pack_gives_corrupt_data_and_the_remote_cannot_be_dropped(tmp_path, rgw, s3_bucket):
+    path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    with open_store(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        files = write_series(s, 4, 3 << 20)
+        cfg = limited(s, rgw, s3_bucket.name, 1 << 20)
+        tier_of(s).push()
+        # the remote cannot be unset or moved while segments live only in the bucket
+        with pytest.raises(RemoteError, match="kept only in"):
+            tier_of(s).unset()
+        with pytest.raises(RemoteError, match="kept only in"):
+            tier_of(s).set(RemoteConfig(f"s3://{s3_bucket.name}/other", endpoint=rgw.credentials.endpoint))
+        assert tier_of(s).config == cfg
+        emap = read_map(path, sorted(evicted_ids(path))[0])
+        s3_bucket.client.delete_object(Bucket=s3_bucket.name, Key=f"p/packs/{emap.packs[0][0]}")
+    with open_store(path) as s:  # no block of it cached in this process
+        results = []
+        for name, blob in files.items():
+            try:
+                results.append(s.read_file(name) == blob)
+            except CorruptData as e:
+                assert "missing from the bucket" in str(e)
+                results.append(None)
+        assert None in results and all(r in (True, None) for r in results)
+
+
+def test_a_mounted_store_evicts_in_the_background(tmp_path, rgw, s3_bucket):
+    store_path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    url = f"s3://{s3_bucket.name}/m"
+    out = cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint,
+                "--local-limit", "8M").stdout.decode()
+    assert "evicted" in out
+    blobs = {k: data(3 << 20, 40 + k) for k in range(6)}
+    with mounted(store_path, tmp_path / "mnt") as mnt:
+        (mnt / "run").mkdir()
+        for k, blob in blobs.items():
+            (mnt / "run" / f"ckpt-{k}.bin").write_bytes(blob)
+        deadline = time.monotonic() + UPLOAD_DEADLINE
+        while True:  # the daemon uploads after each close, then evicts down to the limit
+            s = json.loads(cowfs("remote", "status", str(mnt), "--json").stdout)
+            if s["catalog_generation"] == s["generation"] and s["local_bytes"] <= 8 << 20:
+                break
+            assert time.monotonic() < deadline, f"not evicted in {UPLOAD_DEADLINE} s: {s}"
+            time.sleep(0.2)
+        assert s["evicted_segments"] >= 2
+        assert "kept only in the bucket" in cowfs("remote", "status", str(mnt)).stdout.decode()
+    with mounted(store_path, tmp_path / "mnt") as mnt:  # a new daemon: nothing in the kernel's cache
+        for k, blob in blobs.items():
+            assert (mnt / "run" / f"ckpt-{k}.bin").read_bytes() == blob
+        bad = cowfs("remote", "unset", str(mnt), check=False)
+        err = bad.stderr.decode()
+        assert bad.returncode != 0 and "kept only in" in err and err.count("\n") == 1
+        assert "fetched back" in cowfs("remote", "fetch", str(mnt)).stdout.decode()
+        s = json.loads(cowfs("remote", "status", str(mnt), "--json").stdout)
+        assert s["evicted_segments"] == 0 and s["local_limit"] is None
+        for k, blob in blobs.items():
+            assert (mnt / "run" / f"ckpt-{k}.bin").read_bytes() == blob
+    assert not evicted_ids(store_path)
+    assert_clean(store_path)
