@@ -78,8 +78,7 @@ class RemoteTier:
         n = evicted_count(self.store)
         if n:
             raise RemoteError(f"cannot {what}: {n} segments of this store are kept only in "
-                              f"{self._config.url if self._config else 'its bucket'} (set no --local-limit, "
-                              "and give the store room to fetch them back first)")
+                              f"{self._config.url if self._config else 'its bucket'} (cowfs remote fetch brings them back first)")
 
     def unset(self) -> bool:
         self._refuse_if_evicted("unset the remote")

@@ -8,7 +8,7 @@ segment is evicted only when every chunk row in it
   bucket's gc counts it as used for as long as the local catalog keeps the row, and
 * is held, as the very same record (same stored length and encoding), by a pack.
 
-Then its map is written durably, the log reads it from the map, and the file is deleted.
+Then its map is written durably, the file is deleted, and the log reads it from the map.
 A crash after the map is written and before the file is gone leaves both; recovery deletes
 the file (the map is complete: a sealed segment gains no rows).
 """
@@ -104,9 +104,11 @@ def evict_segment(store: "Store", seg_id: int, lookup: Lookup, max_first_gen: in
                 names.append((rec.pack, rec.pack_size))
             entries.append(MapEntry(offset, rec.offset, record_span(stored_len), packs[rec.pack]))
         write_map(store.root, EvictionMap(seg_id, int(end[0]), names, entries))
-        store.log.drop_evicted(seg_id)
+        # the file goes first, then the log's open copy of it: a read opening it in between
+        # either opened it before (dropped next) or finds it gone and reads the map
         os.unlink(path)
         fsync_dir(path.parent)
+        store.log.drop_evicted(seg_id)
     return None
 
 

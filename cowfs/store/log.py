@@ -9,6 +9,7 @@ end: whatever lay beyond it was never referenced by a committed version.
 from __future__ import annotations
 
 import blake3
+import errno
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import CorruptData
+from ..errors import CorruptData, CowfsError
 from .codecs import MAX_CHAIN, decode_into
 from .device import FileSegment, round_up, segment_class
 from .evicted import EvictedSegments
@@ -105,19 +106,26 @@ class Log:
 
     def segment(self, seg_id: int) -> FileSegment:
         seg = self._open.get(seg_id)
-        if seg is None:
-            with self._lock:
-                seg = self._open.get(seg_id)
-                if seg is None:
-                    path = segment_path(self.root, seg_id)
-                    if path.exists():
-                        seg = self._seg_cls.open(path)
-                    else:
-                        seg = self.evicted.open(seg_id) if self.evicted is not None else None  # type: ignore[assignment]
-                        if seg is None:
-                            raise CorruptData(f"segment {seg_id} is missing ({path.name})")
-                    self._open[seg_id] = seg
-        return seg
+        if seg is not None:
+            return seg
+        path = segment_path(self.root, seg_id)
+        with self._lock:
+            seg = self._open.get(seg_id)
+            if seg is None and path.exists():
+                try:
+                    seg = self._open[seg_id] = self._seg_cls.open(path)
+                except CowfsError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
+                    seg = None  # evicted meanwhile (evict.py deletes the file, then drops it here)
+        if seg is not None:
+            return seg
+        # an evicted segment, opened outside the lock: the first may build the pack reader
+        evicted = self.evicted.open(seg_id) if self.evicted is not None else None
+        if evicted is None:
+            raise CorruptData(f"segment {seg_id} is missing ({path.name})")
+        with self._lock:
+            return self._open.setdefault(seg_id, evicted)  # type: ignore[arg-type, return-value]
 
     def forget_segment(self, seg_id: int) -> None:
         with self._lock:

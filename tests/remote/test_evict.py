@@ -120,12 +120,15 @@ def test_a_crash_after_the_map_is_written_finishes_the_eviction_at_open(tmp_path
         class Crash(Exception):
             pass
 
-        def crash(_seg_id):  # the process dies between the map and the deletion of the file
+        real_write_map = engine_evict.write_map
+
+        def crash(root, emap):  # the process dies between the map and the deletion of the file
+            real_write_map(root, emap)
             raise Crash()
 
         seg_id = engine_evict.local_segments(s)[0][0]
         with pytest.MonkeyPatch.context() as patch, pytest.raises(Crash):
-            patch.setattr(s.log, "drop_evicted", crash)
+            patch.setattr(engine_evict, "write_map", crash)
             tier_of(s).set(RemoteConfig(tier_of(s).config.url, endpoint=rgw.credentials.endpoint, local_limit=1 << 20))
             tier_of(s).push()
         assert map_path(path, seg_id).exists() and segment_path(path, seg_id).exists()
