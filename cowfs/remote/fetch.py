@@ -18,11 +18,21 @@ class RemoteChunks:
         self.state = state
 
     def record(self, chunk_id: bytes) -> tuple[PackEntry, memoryview]:
-        """The chunk's entry and its record's payload as stored (checked against its CRC)."""
-        entry = self.state.where(chunk_id)
-        pack = self.state.pack_of(chunk_id)
-        if entry is None or pack is None:
+        """The chunk's entry and its record's payload as stored (checked against its CRC),
+        from the first pack holding it that reads back (a pack may be missing or damaged
+        while another copy of the chunk is intact)."""
+        found = self.state.locations(chunk_id)
+        if not found:
             raise CorruptData(f"chunk {chunk_id.hex()[:16]}: in no pack of {self.bucket.cfg.url}")
+        errors: list[CorruptData] = []
+        for pack, entry in found:
+            try:
+                return entry, self._payload(chunk_id, pack, entry)
+            except CorruptData as e:
+                errors.append(e)
+        raise errors[0]
+
+    def _payload(self, chunk_id: bytes, pack: str, entry: PackEntry) -> memoryview:
         key = self.bucket.key("packs", pack)
         where = f"chunk {chunk_id.hex()[:16]} in {key} at offset {entry.offset}"
         try:
@@ -39,7 +49,7 @@ class RemoteChunks:
             check_payload(head, payload)
         except RecordError as e:
             raise CorruptData(f"{where}: {e}") from None
-        return entry, payload
+        return payload
 
     def read(self, chunk_id: bytes, depth: int = 1) -> bytes | memoryview:
         """The chunk's raw bytes, verified against its id."""

@@ -19,7 +19,7 @@ from ..store.log import Location, location
 from ..store.schema import SCHEMA_VERSION
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .packs import decode_index, is_pack_name
-from .s3 import Bucket
+from .s3 import Bucket, MissingObject
 from .state import RemoteState
 from .upload import decode_catalog
 
@@ -69,18 +69,23 @@ class ReplicaSource:
         return best
 
     def learn_indexes(self) -> int:
-        """Read the indexes of packs not known yet (a consumer never writes to the bucket)."""
+        """Read the indexes of packs not known yet, and forget packs whose index is gone (a
+        remote gc deleted them; a consumer never writes to the bucket)."""
         with self._lock:
             known = self.state.known_packs()
         prefix = self.bucket.key("index", "")
+        listed = {o.key[len(prefix):] for o in self.bucket.list(prefix) if is_pack_name(o.key[len(prefix):])}
+        with self._lock:
+            self.state.forget_packs(known - listed)
         n = 0
-        for obj in self.bucket.list(prefix):
-            name = obj.key[len(prefix):]
-            if is_pack_name(name) and name not in known:
-                idx = decode_index(self.bucket.get(obj.key), expect_name=name)
-                with self._lock:
-                    self.state.add_pack(name, idx.size, idx.entries, mine=False)
-                n += 1
+        for name in sorted(listed - known):
+            try:
+                idx = decode_index(self.bucket.get(self.bucket.key("index", name)), expect_name=name)
+            except MissingObject:  # swept since the listing
+                continue
+            with self._lock:
+                self.state.add_pack(name, idx.size, idx.entries, mine=False)
+            n += 1
         return n
 
     def fetch_catalog(self, gen: int, key: str) -> Path:

@@ -1,4 +1,4 @@
-"""`STORE/remote.db`: what this store knows of its bucket (docs/format.md, section 9.4).
+"""`STORE/remote.db`: what this store knows of its bucket (docs/format.md, section 9.5).
 
 Every row states a fact about immutable objects (a chunk is at this offset of that pack;
 this catalog object holds generation G), so the file is a cache: losing it costs a new
@@ -14,25 +14,28 @@ from typing import Iterable
 
 from .packs import PackEntry
 
+STATE_SCHEMA = 2  # meta 'schema'; a file of another version is emptied at open (a cache)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
-  key   TEXT PRIMARY KEY,        -- 'url': the remote this file describes
+  key   TEXT PRIMARY KEY,        -- 'url': the remote this file describes; 'schema': STATE_SCHEMA
   value NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS packs (
-  name     TEXT PRIMARY KEY,     -- BLAKE3-256 of the pack's bytes, hex
+  id       INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused (a consumer's catalogs name packs by it)
+  name     TEXT NOT NULL UNIQUE, -- BLAKE3-256 of the pack's bytes, hex
   size     INTEGER NOT NULL,     -- bytes
   records  INTEGER NOT NULL,
   added_ns INTEGER NOT NULL,     -- when this store learnt of it
   mine     INTEGER NOT NULL      -- 1: this store uploaded it; 0: found in the bucket's index
 );
 CREATE TABLE IF NOT EXISTS objects (
-  hash       BLOB PRIMARY KEY,   -- chunk id (BLAKE3-256 of the raw bytes)
+  hash       BLOB NOT NULL,      -- chunk id (BLAKE3-256 of the raw bytes)
   pack       TEXT NOT NULL,      -- packs.name
   offset     INTEGER NOT NULL,   -- record header's offset in the pack
   stored_len INTEGER NOT NULL,
   raw_len    INTEGER NOT NULL,
-  codec      INTEGER NOT NULL
+  codec      INTEGER NOT NULL,
+  PRIMARY KEY (hash, pack)       -- every pack holding the chunk (the first record of it in each)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS objects_pack ON objects(pack);
 CREATE TABLE IF NOT EXISTS catalogs (
@@ -41,7 +44,14 @@ CREATE TABLE IF NOT EXISTS catalogs (
   size        INTEGER NOT NULL,    -- compressed bytes
   uploaded_ns INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS doomed (
+  pack TEXT NOT NULL,            -- a pack named by a doomed list in gc/ at the last look (remote gc)
+  list TEXT NOT NULL,            -- that list's name
+  PRIMARY KEY (pack, list)
+) WITHOUT ROWID;
 """
+TABLES = ("meta", "packs", "objects", "catalogs", "doomed")
+NOT_DOOMED = "pack NOT IN (SELECT pack FROM doomed)"
 
 
 class RemoteState:
@@ -52,17 +62,31 @@ class RemoteState:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        # a file of an older layout (before remote gc): its facts are dropped and learnt again
+        self.reset = self._drop_other_schema()
         self.conn.executescript(SCHEMA)
         row = self.conn.execute("SELECT value FROM meta WHERE key='url'").fetchone()
-        self.reset = row is not None and row[0] != url  # it described another bucket until now
-        if self.reset:
+        if row is not None and row[0] != url:  # it described another bucket until now
             # facts about another bucket: forget them (the new one is listed afresh)
             with self.txn():
-                for table in ("packs", "objects", "catalogs", "meta"):
+                for table in TABLES:
                     self.conn.execute(f"DELETE FROM {table}")
-            row = None
+            self.reset, row = True, None
         if row is None:
             self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('url', ?)", (url,))
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (STATE_SCHEMA,))
+
+    def _drop_other_schema(self) -> bool:
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" not in tables:
+            return False
+        row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is not None and int(row[0]) == STATE_SCHEMA:
+            return False
+        with self.txn():
+            for table in TABLES:
+                self.conn.execute(f"DROP TABLE IF EXISTS {table}")
+        return True
 
     def txn(self) -> "sqlite3.Connection":
         return _Txn(self.conn)  # type: ignore[return-value]
@@ -78,32 +102,71 @@ class RemoteState:
     def add_pack(self, name: str, size: int, entries: Iterable[PackEntry], mine: bool) -> None:
         entries = list(entries)
         with self.txn():
-            self.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?, ?)",
+            self.conn.execute("INSERT OR IGNORE INTO packs (name, size, records, added_ns, mine) VALUES (?, ?, ?, ?, ?)",
                               (name, size, len(entries), time.time_ns(), int(mine)))
-            # a chunk already known in another pack keeps its first location
+            # a pack holding a record twice: its first one
             self.conn.executemany("INSERT OR IGNORE INTO objects VALUES (?, ?, ?, ?, ?, ?)",
                                   [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries])
 
+    def forget_packs(self, names: Iterable[str]) -> int:
+        """Drop packs that are no longer in the bucket (a remote gc deleted them); returns how many were known."""
+        gone = 0
+        with self.txn():
+            for name in names:
+                self.conn.execute("DELETE FROM objects WHERE pack=?", (name,))
+                gone += self.conn.execute("DELETE FROM packs WHERE name=?", (name,)).rowcount
+        return gone
+
     def has(self, hashes: list[bytes]) -> set[bytes]:
+        """Those of `hashes` in a known pack that no doomed list names."""
         found: set[bytes] = set()
         for i in range(0, len(hashes), 500):
             part = hashes[i:i + 500]
-            q = "SELECT hash FROM objects WHERE hash IN (%s)" % ",".join("?" * len(part))
+            q = f"SELECT hash FROM objects WHERE hash IN (%s) AND {NOT_DOOMED}" % ",".join("?" * len(part))
             found.update(bytes(r[0]) for r in self.conn.execute(q, part))
         return found
 
+    def locations(self, chunk_id: bytes) -> list[tuple[str, PackEntry]]:
+        """(pack, entry) of every known pack holding the chunk, those no doomed list names first."""
+        rows = self.conn.execute(
+            "SELECT pack, offset, stored_len, raw_len, codec FROM objects WHERE hash=?"
+            " ORDER BY pack IN (SELECT pack FROM doomed), pack", (chunk_id,)).fetchall()
+        return [(str(r[0]), PackEntry(chunk_id, *r[1:])) for r in rows]
+
+    def location(self, chunk_id: bytes) -> tuple[str, PackEntry] | None:
+        """(pack, entry) of a pack holding the chunk: one no doomed list names if there is one."""
+        found = self.locations(chunk_id)
+        return found[0] if found else None
+
     def where(self, chunk_id: bytes) -> PackEntry | None:
-        row = self.conn.execute("SELECT offset, stored_len, raw_len, codec FROM objects WHERE hash=?",
-                                (chunk_id,)).fetchone()
-        return None if row is None else PackEntry(chunk_id, *row)
+        loc = self.location(chunk_id)
+        return None if loc is None else loc[1]
 
     def pack_of(self, chunk_id: bytes) -> str | None:
-        row = self.conn.execute("SELECT pack FROM objects WHERE hash=?", (chunk_id,)).fetchone()
-        return None if row is None else str(row[0])
+        loc = self.location(chunk_id)
+        return None if loc is None else loc[0]
+
+    # -- doomed packs (remote gc, docs/design.md section 17) ----------------------
+
+    def set_doomed(self, lists: dict[str, list[str]]) -> None:
+        """The doomed lists in gc/ now: list name -> the packs it names (replaces the last look's)."""
+        with self.txn():
+            self.conn.execute("DELETE FROM doomed")
+            self.conn.executemany("INSERT OR IGNORE INTO doomed VALUES (?, ?)",
+                                  [(p, name) for name, packs in lists.items() for p in packs])
+
+    def doomed_lists(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT DISTINCT list FROM doomed")}
+
+    def doomed_packs(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT DISTINCT pack FROM doomed")}
+
+    def packs_of_list(self, name: str) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT pack FROM doomed WHERE list=?", (name,))]
 
     def missing_chunks(self, catalog_copy: Path) -> list[tuple[bytes, int]]:
         """(hash, stored_len) of the chunks the copied catalog's bodies use (with the delta
-        bases they decode from) that no known pack holds, in log order."""
+        bases they decode from) that no known pack holds but doomed ones, in log order."""
         self.conn.execute("ATTACH DATABASE ? AS snap", (str(catalog_copy),))
         try:
             rows = self.conn.execute(
@@ -111,7 +174,7 @@ class RemoteState:
                 " UNION SELECT c.base_cid FROM snap.chunks c JOIN keep k ON c.cid = k.cid"
                 " WHERE c.base_cid IS NOT NULL)"
                 " SELECT c.hash, c.stored_len FROM snap.chunks c WHERE c.cid IN (SELECT cid FROM keep)"
-                " AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.hash = c.hash)"
+                f" AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.hash = c.hash AND o.{NOT_DOOMED})"
                 " ORDER BY c.seg_id, c.offset").fetchall()
         finally:
             self.conn.execute("DETACH DATABASE snap")
@@ -135,9 +198,10 @@ class RemoteState:
     def totals(self) -> dict[str, int]:
         packs, size, mine_size = self.conn.execute(
             "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(size * mine), 0) FROM packs").fetchone()
-        (objects,) = self.conn.execute("SELECT count(*) FROM objects").fetchone()
+        (objects,) = self.conn.execute("SELECT count(DISTINCT hash) FROM objects").fetchone()
         return {"packs": int(packs), "pack_bytes": int(size), "uploaded_bytes": int(mine_size),
-                "chunks": int(objects), "catalog_generation": self.last_catalog()}
+                "chunks": int(objects), "doomed_packs": len(self.doomed_packs()),
+                "catalog_generation": self.last_catalog()}
 
 
 class _Txn:

@@ -1,4 +1,5 @@
-"""The remote tier's parts that need no bucket: addresses, config, packs and indexes, remote.db."""
+"""The remote tier's parts that need no bucket: addresses, config, packs and indexes, remote.db
+(the doomed packs remote gc will mark included)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import pytest
 from cowfs.errors import CorruptData, InvalidArgument, RemoteError
 from cowfs.remote.config import (REMOTE_FILE, RemoteConfig, parse_url, read_remote_config, remove_remote_config,
                                  write_remote_config)
-from cowfs.remote.packs import PackBuilder, decode_index, entries_of_pack, is_pack_name, pack_name
+from cowfs.remote.packs import PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
 from cowfs.remote.state import RemoteState
 from cowfs.remote.upload import copy_catalog
 from cowfs.store import ROOT_INO
@@ -145,3 +146,55 @@ def test_background_passes_run_at_a_lower_cpu_priority(store, monkeypatch):
     (bg_tid, bg_nice), (fg_tid, fg_nice) = seen
     assert bg_nice == os.getpriority(os.PRIO_PROCESS, 0) + tier_module.UPLOAD_NICE
     assert fg_tid == threading.get_native_id() and fg_nice == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_doomed_packs_count_as_not_in_the_bucket(store, tmp_path):
+    store.mkdir(ROOT_INO, b"run")
+    store.write_file("/run/x", random.Random(6).randbytes(300_000))
+    copy_catalog(store, tmp_path / "copy.db")
+    st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")
+    need = st.missing_chunks(tmp_path / "copy.db")
+    assert need
+    hashes = [h for h, _ in need]
+    entries = [PackEntry(h, 64 * k, n, n, CODEC_RAW) for k, (h, n) in enumerate(need)]
+    one, two = pack_name(b"one"), pack_name(b"two")
+    st.add_pack(one, 1 << 20, entries, mine=True)
+    st.add_pack(two, 1 << 20, entries[:1], mine=False)  # the first chunk is in both packs
+    assert st.missing_chunks(tmp_path / "copy.db") == [] and st.has(hashes) == set(hashes)
+    st.set_doomed({"list-a": [one]})
+    assert st.doomed_packs() == {one} and st.doomed_lists() == {"list-a"} and st.packs_of_list("list-a") == [one]
+    assert [h for h, _ in st.missing_chunks(tmp_path / "copy.db")] == hashes[1:]  # the first is in `two`
+    assert st.has(hashes) == {hashes[0]}
+    assert st.location(hashes[0])[0] == two  # an undoomed copy first
+    assert [p for p, _ in st.locations(hashes[0])] == [two, one] and st.location(hashes[1])[0] == one
+    assert st.forget_packs([two, pack_name(b"unknown")]) == 1
+    assert st.known_packs() == {one} and st.location(hashes[0])[0] == one
+    st.set_doomed({})
+    assert st.missing_chunks(tmp_path / "copy.db") == [] and st.totals()["doomed_packs"] == 0
+    # packs are numbered for good: a consumer's catalogs name them by number
+    ids = dict(st.conn.execute("SELECT name, id FROM packs"))
+    st.forget_packs([one])
+    st.add_pack(two, 1 << 20, entries[:1], mine=False)
+    assert st.conn.execute("SELECT id FROM packs WHERE name=?", (two,)).fetchone()[0] > ids[one]
+    st.close()
+
+
+def test_remote_db_of_the_layout_before_gc_is_emptied(tmp_path):
+    old = sqlite3.connect(tmp_path / "remote.db")
+    old.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID;"
+                      "INSERT INTO meta VALUES ('url', 's3://a-bucket/p');"
+                      "CREATE TABLE packs (name TEXT PRIMARY KEY, size INTEGER NOT NULL, records INTEGER NOT NULL,"
+                      " added_ns INTEGER NOT NULL, mine INTEGER NOT NULL);"
+                      "INSERT INTO packs VALUES ('x', 1, 1, 1, 1);"
+                      "CREATE TABLE objects (hash BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
+                      " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL) WITHOUT ROWID;")
+    old.close()
+    st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")
+    assert st.reset and st.known_packs() == set()
+    recs = _records(2, seed=7)
+    name, data, index = _pack(recs)
+    st.add_pack(name, len(data), decode_index(index).entries, mine=True)
+    st.close()
+    st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")  # the new layout is kept
+    assert not st.reset and st.known_packs() == {name}
+    st.close()

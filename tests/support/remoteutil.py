@@ -25,6 +25,8 @@ def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = 
     cats = sorted(o.key for o in bucket.list(bucket.key("stores", store_uuid, "catalog", "")))
     db = tmp / "fetched.db"
     db.write_bytes(decode_catalog(bucket.get(cats[-1])))
+    for stale in tmp.glob("fetched-remote.db*"):  # what an earlier call learnt may be gone from the bucket
+        stale.unlink()
     state = RemoteState(tmp / "fetched-remote.db", cfg.url)
     for obj in bucket.list(bucket.key("index", "")):
         idx = decode_index(bucket.get(obj.key))
