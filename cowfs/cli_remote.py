@@ -1,4 +1,4 @@
-"""The `cowfs remote` commands: set, unset, status, push (docs/cli.md)."""
+"""The `cowfs remote` commands: set, unset, status, push, fetch, fsck (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,8 @@ from .units import human_bytes, parse_size
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
+    if args.action == "fsck":
+        return _fsck(args)
     with Target(args.store) as t:
         if args.action == "set":
             creds = None if args.credentials is None else os.path.abspath(args.credentials)
@@ -58,6 +60,22 @@ def _print_eviction(e: dict[str, Any]) -> None:
     if e["local_bytes"] > e["limit"] and e["kept"]:
         line += "; over the limit because " + "; ".join(f"{n} segments: {why}" for why, n in e["kept"].items())
     print(line)
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        r = t.call("remote_fsck", deep=args.deep, progress=progress_bar("reading packs", human_bytes))
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        for line in r["problems"]:
+            print(line)
+        state = "clean" if r["clean"] else f"{len(r['problems'])} problem(s)"
+        deep = f", {r['packs_read']} packs read whole ({human_bytes(r['bytes_read'])})" if args.deep else ""
+        gens = ", ".join(map(str, r["catalogs"])) or "none"
+        print(f"remote fsck: {state}: catalog generations {gens}, {r['chunks_checked']} chunks they use, "
+              f"{r['indexes']} indexes of {r['packs']} packs{deep}")
+    return 0 if r["clean"] else 1
 
 
 def _print_status(s: dict[str, Any], as_json: bool) -> None:
@@ -109,4 +127,13 @@ def add_commands(sub: Any) -> None:
         c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
         if name not in ("unset", "fetch"):
             c.add_argument("--json", action="store_true")
+    c = act.add_parser("fsck", help="check that the bucket holds every chunk the store's catalogs there use",
+                       description="Check the store's catalog objects in the bucket: every chunk their files use "
+                       "must be in a pack whose index and object are there; name the paths and versions a missing "
+                       "or damaged object affects. Exit status 1 when problems are found.",
+                       epilog="example: cowfs remote fsck /mnt/ckpt --deep")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    c.add_argument("--deep", action="store_true", help="also read every pack holding such a chunk and check its "
+                   "bytes, records and index")
+    c.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_remote)

@@ -55,10 +55,16 @@ def pack_reader(root: Path) -> "PackReader":
     return bucket_pack_reader(root)
 
 
+def remote_fsck(store: "Store", deep: bool = False, progress: Callable[[int, int], None] | None = None
+                ) -> dict[str, Any]:
+    return _tier(store).fsck(deep, progress=progress)
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "remote_set": remote_set,
     "remote_unset": remote_unset,
     "remote_status": remote_status,
     "remote_push": remote_push,
     "remote_fetch": remote_fetch,
+    "remote_fsck": remote_fsck,
 }

@@ -18,6 +18,7 @@ from ..store.evict import evicted_count, restore_all
 from ..store.stats import physical_bytes
 from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
 from .evict import evict
+from .bucket_fsck import check as check_bucket
 from .s3 import Bucket
 from .state import RemoteState
 from .upload import PushReport, push
@@ -121,6 +122,13 @@ class RemoteTier:
                 self._config = cfg
             segments, nbytes = restore_all(self.store, progress)
         return {"segments": segments, "bytes": nbytes, "local_bytes": physical_bytes(self.store.root)}
+
+    def fsck(self, deep: bool = False, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Check that the bucket holds what the store's catalog objects need (remote/bucket_fsck.py).
+        Reads only: it runs beside a pass."""
+        bucket = self.bucket()
+        bucket.check()
+        return check_bucket(bucket, self.store.config.store_uuid, self.store.root / "tmp", deep, progress).to_json()
 
     def status(self) -> dict[str, Any]:
         if self._config is None:

@@ -225,6 +225,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "umount": ("umount", "{T}"),
     "remote-status": ("remote", "status", "{T}"),
     "remote-push": ("remote", "push", "{T}"),
+    "remote-fsck": ("remote", "fsck", "{T}"),
 }
 
 
@@ -301,6 +302,8 @@ ARGUMENTS: list[tuple[tuple[str, ...], str]] = [
     (("restore", "{T}", "/run/model.pt", "--snapshot", "one", "--to", "/nodir/model.pt"), "no such file or directory"),
     (("prune", "{T}"), "no keep rule given"),
     (("remote", "push", "{T}"), "no remote set"),
+    (("remote", "fsck", "{T}"), "no remote set"),
+    (("remote", "fsck", "{T}", "--deep"), "no remote set"),
     (("remote", "set", "{T}", "http://bucket/x"), "a remote is written s3://BUCKET/PREFIX"),
     (("remote", "set", "{T}", "s3://Bad_Bucket/x"), "is not a valid bucket name"),
     (("remote", "set", "{T}", "s3://bucket/x", "--endpoint", "ftp://h"), "the endpoint is an http:// or https:// URL"),
@@ -338,6 +341,24 @@ def test_bad_arguments_mounted(args: tuple[str, ...], message: str, live: tuple[
     before = fingerprint(store)
     assert_rejected(cli(*(a.format(T=mnt) for a in args)), message)
     assert fingerprint(store) == before, "the store (or the daemon's log) changed"
+
+
+UNREACHABLE: list[tuple[str, ...]] = [("remote", "fsck", "{T}"), ("remote", "fsck", "{T}", "--deep")]
+
+
+@pytest.mark.parametrize("args", UNREACHABLE, ids=[case_id(a) for a in UNREACHABLE])
+def test_remote_fsck_with_an_endpoint_that_does_not_answer(args: tuple[str, ...], template: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from cowfs.remote.config import RemoteConfig, write_remote_config
+
+    store = tmp_path / "store"
+    _copy(template, store)
+    write_remote_config(store, RemoteConfig("s3://ckpts/p", endpoint="http://127.0.0.1:1"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-real-secret")
+    before = fingerprint(store)
+    assert_rejected(cli(*(a.format(T=store) for a in args)), "cannot reach the endpoint")
+    assert fingerprint(store) == before, "the store changed"
 
 
 # -- mount, umount, fsck and init around a mounted store ---------------------------------------

@@ -18,6 +18,13 @@ def bucket_objects(cfg: RemoteConfig) -> dict[str, int]:
     return {o.key: o.size for o in b.list(b.key(""))}
 
 
+def pack_names(cfg: RemoteConfig) -> set[str]:
+    """The names of the pack objects in the bucket."""
+    b = Bucket(cfg)
+    prefix = b.key("packs", "")
+    return {o.key[len(prefix):] for o in b.list(prefix)}
+
+
 def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = b"run") -> dict[str, bytes]:
     """Every live file's bytes, rebuilt from the bucket alone: the newest catalog object,
     the indexes, ranged GETs of the packs."""
