@@ -1,4 +1,4 @@
-"""The `cowfs remote` commands: set, unset, status, push, fetch, fsck (docs/cli.md)."""
+"""The `cowfs remote` commands: set, unset, status, push, fetch, gc, fsck (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
@@ -8,10 +8,12 @@ from typing import Any
 
 from .cli_common import TARGET_HELP, progress_bar
 from .control import Target
-from .units import human_bytes, parse_size
+from .units import human_bytes, human_duration, parse_size
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
+    if args.action == "gc":
+        return _gc(args)
     if args.action == "fsck":
         return _fsck(args)
     with Target(args.store) as t:
@@ -62,6 +64,29 @@ def _print_eviction(e: dict[str, Any]) -> None:
     print(line)
 
 
+def _gc(args: argparse.Namespace) -> int:
+    with Target(args.store) as t:
+        r = t.call("remote_gc", grace=args.grace, progress=progress_bar("uploading", human_bytes))
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    if r["swept_lists"]:
+        swept = (f"swept {r['swept_lists']} doomed lists: {r['deleted_packs']} packs "
+                 f"({human_bytes(r['deleted_bytes'])}) deleted, {r['kept_packs']} kept (used again)")
+    else:
+        swept = "no doomed list due for its sweep"
+    waiting = f", {r['waiting_lists']} waiting for their grace period" if r["waiting_lists"] else ""
+    print(f"remote gc: generation {r['generation']} in the bucket; {swept}{waiting}")
+    if r["doomed_list"]:
+        marked = (f"marked {r['marked_packs']} unused packs ({human_bytes(r['marked_bytes'])}) for deletion by a gc "
+                  f"after {human_duration(r['grace_seconds'])} ({r['doomed_list']})")
+    else:
+        marked = "no unused pack older than the grace period to mark"
+    aborted = f"; aborted {r['aborted_uploads']} incomplete uploads" if r["aborted_uploads"] else ""
+    print(f"remote gc: {marked}{aborted}")
+    return 0
+
+
 def _fsck(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         r = t.call("remote_fsck", deep=args.deep, progress=progress_bar("reading packs", human_bytes))
@@ -87,8 +112,9 @@ def _print_status(s: dict[str, Any], as_json: bool) -> None:
         return
     print(f"remote:      {s['remote']}" + (f" at {s['endpoint']}" if s["endpoint"] else ""))
     print(f"uploaded:    generation {s['catalog_generation']} of {s['generation']}")
+    doomed = f", {s['doomed_packs']} marked by remote gc" if s.get("doomed_packs") else ""
     print(f"bucket:      {s['chunks']} chunks in {s['packs']} packs, {human_bytes(s['pack_bytes'])} "
-          f"({human_bytes(s['uploaded_bytes'])} uploaded by this store)")
+          f"({human_bytes(s['uploaded_bytes'])} uploaded by this store{doomed})")
     limit = "no limit" if s["local_limit"] is None else f"limit {human_bytes(s['local_limit'])}"
     print(f"local log:   {human_bytes(s['local_bytes'])} ({limit}), {s['evicted_segments']} segments kept only "
           "in the bucket")
@@ -127,6 +153,15 @@ def add_commands(sub: Any) -> None:
         c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
         if name not in ("unset", "fetch"):
             c.add_argument("--json", action="store_true")
+    c = act.add_parser("gc", help="delete packs no catalog of any store sharing the prefix uses (mark, then sweep)",
+                       description="Run an upload pass, delete the packs marked by an earlier remote gc at least "
+                       "the grace period ago that are still unused, then mark the packs no retained catalog of any "
+                       "store sharing the prefix uses (and older than the grace period) for a later remote gc.",
+                       epilog="example: cowfs remote gc /mnt/ckpt --grace 2h")
+    c.add_argument("store", metavar="TARGET", help=TARGET_HELP)
+    c.add_argument("--grace", metavar="DURATION", help="how long marked packs wait before a gc may delete them, "
+                   "and how old an unused pack must be to be marked (default 1h, at least 2s; e.g. 30m, 12h)")
+    c.add_argument("--json", action="store_true")
     c = act.add_parser("fsck", help="check that the bucket holds every chunk the store's catalogs there use",
                        description="Check the store's catalog objects in the bucket: every chunk their files use "
                        "must be in a pack whose index and object are there; name the paths and versions a missing "

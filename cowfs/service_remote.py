@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .units import parse_duration
+
 if TYPE_CHECKING:
     from .remote.tier import RemoteTier
     from .store.evicted import PackReader
@@ -55,6 +57,17 @@ def pack_reader(root: Path) -> "PackReader":
     return bucket_pack_reader(root)
 
 
+def remote_gc(store: "Store", grace: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """`grace`: a duration (units.parse_duration); None: the default, 1 hour."""
+    seconds = parse_duration(grace) if grace is not None else None  # bad input first, before any bucket
+    from .remote.gc import DEFAULT_GRACE, check_grace
+
+    seconds = DEFAULT_GRACE if seconds is None else seconds
+    check_grace(seconds)
+    return _tier(store).gc(seconds, progress=progress)
+
+
 def remote_fsck(store: "Store", deep: bool = False, progress: Callable[[int, int], None] | None = None
                 ) -> dict[str, Any]:
     return _tier(store).fsck(deep, progress=progress)
@@ -66,5 +79,6 @@ OPS: dict[str, Callable[..., Any]] = {
     "remote_status": remote_status,
     "remote_push": remote_push,
     "remote_fetch": remote_fetch,
+    "remote_gc": remote_gc,
     "remote_fsck": remote_fsck,
 }

@@ -64,6 +64,17 @@ def _positive(value: float, bad: InvalidArgument) -> float:
     return value
 
 
+def human_duration(seconds: float) -> str:
+    """3600 -> "1h", 5400 -> "1h30m", 2.5 -> "2.5s" (what parse_duration reads back)."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    out, rest = "", int(seconds)
+    for unit in ("d", "h", "m", "s"):
+        n, rest = divmod(rest, DURATION_UNITS[unit])
+        out += f"{n}{unit}" if n else ""
+    return out
+
+
 def human_bytes(n: float) -> str:
     """1536 -> "1.5 KiB" (the CLI's and the harnesses' way of showing sizes)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -44,7 +44,7 @@ class BucketFsckReport:
     catalogs: list[int] = field(default_factory=list)  # generations checked
     packs: int = 0  # pack objects listed
     indexes: int = 0  # indexes read
-    orphans: int = 0  # packs without an index (a pass adopts them)
+    orphans: int = 0  # packs without an index (a pass adopts them, a remote gc deletes unused ones)
     chunks_checked: int = 0  # distinct chunks the catalogs' bodies need
     packs_read: int = 0  # deep: packs read whole
     bytes_read: int = 0
@@ -86,7 +86,7 @@ class _Check:
             try:
                 return name, decode_index(self.bucket.get(self.bucket.key("index", name)), expect_name=name)
             except MissingObject:
-                return name, None  # deleted since the listing
+                return name, None  # deleted since the listing (a remote gc)
             except CorruptData as e:
                 return name, str(e)
 

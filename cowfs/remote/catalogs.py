@@ -1,6 +1,6 @@
 """The catalog objects in a bucket prefix, `stores/UUID/catalog/G.db.zst`, read back: which
 are retained, one fetched into a local SQLite file, and the set of chunk hashes all of them
-hold, gathered on disk in a scratch database rather than in memory.
+hold (what remote gc keeps), gathered on disk in a scratch database rather than in memory.
 """
 from __future__ import annotations
 

@@ -108,8 +108,23 @@ class PackBuilder:
         self.parts.append(record)
         self.size += len(record)
 
-    def finish(self) -> tuple[str, bytes, bytes]:
-        """(name, pack bytes, index bytes)."""
+    def finish(self, avoid: set[str] | frozenset[str] = frozenset()) -> tuple[str, bytes, bytes]:
+        """(name, pack bytes, index bytes). A name in `avoid` (a pack a remote gc doomed: it
+        may be deleted whatever is PUT under its name meanwhile) is never given: the records
+        are laid out again, in reverse order, then with the first record once more at the
+        end, until the bytes hash to another name; `entries` and `size` follow the layout."""
         data = b"".join(self.parts)
         name = pack_name(data)
+        tried_reverse = len(self.parts) < 2
+        while name in avoid:
+            if not tried_reverse:
+                tried_reverse = True
+                order = list(zip(self.parts, self.entries))[::-1]
+            else:
+                order = list(zip(self.parts, self.entries)) + [(self.parts[0], self.entries[0])]
+            self.parts, self.entries, self.size = [], [], 0
+            for rec, e in order:
+                self.add(rec, e.chunk_id, e.stored_len, e.raw_len, e.codec)
+            data = b"".join(self.parts)
+            name = pack_name(data)
         return name, data, encode_index(name, len(data), self.entries)

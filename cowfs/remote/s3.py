@@ -8,6 +8,7 @@ multipart uploads of `PART_SIZE` parts, `UPLOAD_THREADS` at a time.
 from __future__ import annotations
 
 import configparser
+import email.utils
 import errno as _errno
 import io
 import threading
@@ -41,6 +42,14 @@ class AccessDenied(RemoteError):
 class ListedObject:
     key: str
     size: int
+    modified: float = 0.0  # LastModified, seconds since the epoch on the engine's clock
+
+
+@dataclass(frozen=True)
+class IncompleteUpload:
+    key: str
+    upload_id: str
+    initiated: float  # seconds since the epoch on the engine's clock
 
 
 def _credentials(cfg: RemoteConfig) -> dict[str, str]:
@@ -192,9 +201,38 @@ class Bucket:
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
-                    yield ListedObject(obj["Key"], int(obj["Size"]))
+                    yield ListedObject(obj["Key"], int(obj["Size"]), obj["LastModified"].timestamp())
         except (bexc.BotoCoreError, bexc.ClientError) as e:
             raise self._error(e, f"listing {prefix}") from None
+
+    def clock(self) -> float:
+        """The engine's time now (its Date header, whole seconds, never ahead of its clock), so
+        ages of objects are measured against their LastModified on one clock."""
+        resp = self._call("reading the engine's clock", self.client.head_bucket, Bucket=self.address.bucket)
+        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            return email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            raise RemoteError(f"{self.where}: the engine sent no usable Date header ({date!r})") from None
+
+    def incomplete_uploads(self, prefix: str) -> Iterator[IncompleteUpload]:
+        """Multipart uploads under `prefix` begun and neither completed nor aborted."""
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.address.bucket, Prefix=prefix)
+        try:
+            for page in pages:
+                for up in page.get("Uploads", []):
+                    yield IncompleteUpload(up["Key"], up["UploadId"], up["Initiated"].timestamp())
+        except (bexc.BotoCoreError, bexc.ClientError) as e:
+            raise self._error(e, f"listing the incomplete uploads under {prefix}") from None
+
+    def abort_upload(self, up: IncompleteUpload) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.address.bucket, Key=up.key, UploadId=up.upload_id)
+        except bexc.ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NoSuchUpload":  # completed or aborted meanwhile
+                raise self._error(e, f"aborting an upload of {up.key}") from None
+        except bexc.BotoCoreError as e:
+            raise self._error(e, f"aborting an upload of {up.key}") from None
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):

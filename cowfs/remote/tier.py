@@ -19,6 +19,7 @@ from ..store.stats import physical_bytes
 from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
 from .evict import evict
 from .bucket_fsck import check as check_bucket
+from .gc import DEFAULT_GRACE, collect
 from .s3 import Bucket
 from .state import RemoteState
 from .upload import PushReport, push
@@ -122,6 +123,17 @@ class RemoteTier:
                 self._config = cfg
             segments, nbytes = restore_all(self.store, progress)
         return {"segments": segments, "bytes": nbytes, "local_bytes": physical_bytes(self.store.root)}
+
+    def gc(self, grace: float = DEFAULT_GRACE, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """An upload pass, then the remote gc's sweep and mark (remote/gc.py)."""
+        with self._lock:
+            bucket = self.bucket()
+            bucket.check()  # before anything local is made: an endpoint that does not answer changes nothing
+            state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
+            try:
+                return collect(self.store, bucket, state, grace, progress).to_json()
+            finally:
+                state.close()
 
     def fsck(self, deep: bool = False, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Check that the bucket holds what the store's catalog objects need (remote/bucket_fsck.py).

@@ -1,15 +1,21 @@
 """One upload pass: a store's chunks and catalog into its bucket (docs/design.md, section 17).
 
-1. Learn what the bucket holds: list `index/`, read the indexes this store has not seen
-   (another store's packs count: a chunk already in the bucket is not uploaded again), and
-   adopt a pack whose index a crash kept from being written.
+1. Learn what the bucket holds: the doomed lists in `gc/` (their packs count as not in the
+   bucket), then `index/` (the indexes this store has not seen; another store's packs count:
+   a chunk already in the bucket is not uploaded again; packs whose index or object is gone
+   are forgotten), and adopt a pack whose index a crash kept from being written.
 2. Copy the catalog (SQLite backup: one consistent generation G).
 3. Pin the chunks that copy's bodies use and the bucket lacks, so gc keeps them; records
    the compactor moves stay readable through a hold taken before.
 4. Read them in log order, check each record (header, id, payload CRC), and cut packs of
-   about `pack_size` bytes: PUT the pack, PUT its index, then note both in remote.db.
-5. PUT the catalog copy, compressed, as `stores/UUID/catalog/G.db.zst`, note it, and delete
-   catalog objects older than the newest `KEEP_CATALOGS`.
+   about `pack_size` bytes: PUT the pack, PUT its index, then note both in remote.db. A
+   pack never gets the name of a doomed one (packs.PackBuilder.finish).
+5. Look at `gc/` again (and at `index/` when a while has passed): what a remote gc marked
+   or deleted meanwhile is uploaded again, until the copy needs nothing from doomed packs.
+6. PUT the catalog copy, compressed, as `stores/UUID/catalog/G.db.zst`, note it, look
+   again as in 5 (a gc that marked during the PUT); if the copy's chunks cannot be uploaded
+   again, the catalog object is deleted and the pass fails. Then delete catalog objects
+   older than the newest `KEEP_CATALOGS`.
 
 Every object is immutable and named by its content or generation, so a pass cut short
 anywhere (kill -9, network down) leaves objects the next pass reuses: a pack without its
@@ -28,12 +34,13 @@ from typing import TYPE_CHECKING, Callable
 
 import zstandard
 
-from ..errors import CorruptData
+from ..errors import CorruptData, RemoteError
 from ..store.layout import CATALOG_FILE
 from ..store.log import Location
 from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header
+from .doomed import MIN_GRACE, look_at_gc
 from .packs import PackBuilder, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
-from .s3 import Bucket
+from .s3 import Bucket, MissingObject
 from .state import RemoteState
 
 if TYPE_CHECKING:
@@ -44,6 +51,7 @@ PACK_SIZE = 64 << 20
 KEEP_CATALOGS = 3
 CATALOG_LEVEL = 3  # zstd level of catalog objects
 MAX_RUN = 8 << 20  # bytes read from a segment at once
+SETTLE_ROUNDS = 5  # looks at gc/ before (and after) the catalog's PUT that may each upload again
 
 
 def pack_key(bucket: Bucket, name: str) -> str:
@@ -66,6 +74,8 @@ class PushReport:
     bytes: int = 0  # pack bytes uploaded
     adopted: int = 0  # packs found without an index and indexed
     indexes_read: int = 0  # other stores' (or earlier passes') indexes learnt
+    forgotten: int = 0  # packs no longer in the bucket (a remote gc deleted them)
+    reuploaded: int = 0  # chunks uploaded again because a remote gc marked their packs during the pass
     catalog_bytes: int = 0
     catalog_key: str = ""  # the catalog object of `generation`
     skipped: bool = False  # nothing new since the last pass
@@ -76,41 +86,66 @@ class PushReport:
         return dict(self.__dict__)
 
 
-def refresh(bucket: Bucket, state: RemoteState) -> tuple[int, int]:
-    """Read the indexes of packs this store does not know yet; adopt orphan packs.
-    Returns (indexes read, packs adopted)."""
+@dataclass
+class Look:
+    """What one look at the bucket learnt."""
+    indexes_read: int = 0
+    adopted: int = 0
+    forgotten: int = 0
+    indexes_listed: bool = False
+
+
+def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: bool = True) -> Look:
+    """Note the doomed packs; read the indexes of packs this store does not know yet and
+    forget the packs whose index (or, with `adopt`, object) is gone; with `adopt`, index
+    orphan packs. `indexes=False` lists `index/` only if a doomed list noted before is gone.
+
+    `gc/` is listed first: a sweep deletes a pack's index, then the pack, then the list that
+    named it, so a pack this look sees neither doomed nor gone was not being deleted by a
+    list it missed."""
+    look = Look()
+    swept = look_at_gc(bucket, state)
+    if not indexes and not swept:
+        return look
+    look.indexes_listed = True
     known = state.known_packs()
-    indexed: set[str] = set()
-    read = 0
     prefix = bucket.key("index", "")
-    for obj in bucket.list(prefix):
-        name = obj.key[len(prefix):]
-        if not is_pack_name(name):
+    indexed = {obj.key[len(prefix):] for obj in bucket.list(prefix) if is_pack_name(obj.key[len(prefix):])}
+    stored: set[str] | None = None
+    if adopt:
+        pprefix = bucket.key("packs", "")
+        stored = {obj.key[len(pprefix):] for obj in bucket.list(pprefix) if is_pack_name(obj.key[len(pprefix):])}
+    gone = (known - indexed) | (known - stored if stored is not None else set())
+    look.forgotten = state.forget_packs(gone)
+    known -= gone
+    for name in sorted(indexed - known):
+        if stored is not None and name not in stored:
+            continue  # an index whose pack is gone: nothing to read from
+        try:
+            idx = decode_index(bucket.get(index_key(bucket, name)), expect_name=name)
+        except MissingObject:  # deleted since the listing (a sweep)
             continue
-        indexed.add(name)
-        if name in known:
-            continue
-        idx = decode_index(bucket.get(obj.key), expect_name=name)
         state.add_pack(name, idx.size, idx.entries, mine=False)
-        read += 1
-    adopted = 0
-    prefix = bucket.key("packs", "")
-    for obj in bucket.list(prefix):
-        name = obj.key[len(prefix):]
-        if not is_pack_name(name) or name in indexed or name in known:
+        look.indexes_read += 1
+    if stored is None:
+        return look
+    doomed = state.doomed_packs()
+    for name in sorted(stored - indexed - known - doomed):  # a doomed orphan goes at the next sweep
+        try:
+            data = bucket.get(pack_key(bucket, name))
+        except MissingObject:
             continue
-        data = bucket.get(obj.key)
         try:
             if pack_name(data) != name:
                 raise CorruptData("its bytes do not hash to its name")
             entries = entries_of_pack(data)
-        except CorruptData as e:  # damaged or foreign: left for fsck, never indexed
+        except CorruptData as e:  # damaged or foreign: left for fsck and gc, never indexed
             log.warning("pack %s without an index left alone: %s", name[:16], e)
             continue
         bucket.put(index_key(bucket, name), encode_index(name, len(data), entries))
         state.add_pack(name, len(data), entries, mine=False)
-        adopted += 1
-    return read, adopted
+        look.adopted += 1
+    return look
 
 
 def copy_catalog(store: "Store", dest: Path) -> int:
@@ -172,7 +207,9 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
     t0 = time.monotonic()
     pack_size = pack_size or PACK_SIZE
     report = PushReport()
-    report.indexes_read, report.adopted = refresh(bucket, state)
+    looked = time.monotonic()
+    look = refresh(bucket, state)
+    report.indexes_read, report.adopted, report.forgotten = look.indexes_read, look.adopted, look.forgotten
     tmpdir = store.root / "tmp"
     tmpdir.mkdir(exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix="remote-catalog-", suffix=".db", dir=tmpdir)
@@ -199,24 +236,21 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
             gen = copy_catalog(store, copy)
             report.generation = gen
             need = state.missing_chunks(copy)
-        todo = sorted(((h, locs[h]) for h, _ in need), key=lambda x: (x[1].seg_id, x[1].offset))
-        total = sum(loc.span for _, loc in todo)
-        done = 0
-        builder = PackBuilder()
-        for run in _runs(todo):
-            if stop is not None and stop():
-                return report
-            for (h, loc), rec in zip(run, read_records(store, run)):
-                builder.add(rec, h, loc.stored_len, loc.length, loc.codec)
-                if builder.size >= pack_size:
-                    _upload_pack(bucket, state, builder, report)
-                    builder = PackBuilder()
-            done += sum(loc.span for _, loc in run)
-            if progress is not None:
-                progress(done, total)
-        if builder.entries:
-            _upload_pack(bucket, state, builder, report)
-        _upload_catalog(store, bucket, state, copy, gen, report)
+        up = _Uploader(store, bucket, state, pack_size, report)
+        if not up.chunks([(h, locs[h]) for h, _ in need], progress, stop):
+            return report
+        looked = up.settle(copy, gen, looked, pinned)
+        key = _put_catalog(store, bucket, state, copy, gen, report)
+        try:
+            up.settle(copy, gen, looked, pinned)
+        except RemoteError:
+            # a gc marked (and may delete) packs the catalog needs, which cannot be uploaded
+            # again: the catalog goes, so no reader starts from it
+            bucket.delete([key])
+            state.forget_catalogs([gen])
+            report.catalog_key = ""
+            raise
+        _drop_old_catalogs(bucket, state)
         return report
     finally:
         store.index.unpin(pinned)
@@ -225,10 +259,70 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
         report.seconds = time.monotonic() - t0
 
 
+class _Uploader:
+    """Chunks of the store into new packs, for one pass."""
+
+    def __init__(self, store: "Store", bucket: Bucket, state: RemoteState, pack_size: int, report: PushReport) -> None:
+        self.store, self.bucket, self.state = store, bucket, state
+        self.pack_size, self.report = pack_size, report
+
+    def chunks(self, locs: list[tuple[bytes, Location]], progress: Callable[[int, int], None] | None = None,
+               stop: Callable[[], bool] | None = None) -> bool:
+        """Upload these (pinned) chunks in log order; False if `stop` said so first."""
+        todo = sorted(locs, key=lambda x: (x[1].seg_id, x[1].offset))
+        total = sum(loc.span for _, loc in todo)
+        done = 0
+        builder = PackBuilder()
+        for run in _runs(todo):
+            if stop is not None and stop():
+                return False
+            for (h, loc), rec in zip(run, read_records(self.store, run)):
+                builder.add(rec, h, loc.stored_len, loc.length, loc.codec)
+                if builder.size >= self.pack_size:
+                    self.pack(builder)
+                    builder = PackBuilder()
+            done += sum(loc.span for _, loc in run)
+            if progress is not None:
+                progress(done, total)
+        if builder.entries:
+            self.pack(builder)
+        return True
+
+    def pack(self, builder: PackBuilder) -> None:
+        _upload_pack(self.bucket, self.state, builder, self.report)
+
+    def settle(self, copy: Path, gen: int, looked: float, pinned: list[bytes]) -> float:
+        """Look at the bucket again and upload what the copy needs that a remote gc marked or
+        deleted since the last look, until it needs nothing more; returns when `index/` was
+        last listed (monotonic). `index/` is listed again only after MIN_GRACE / 2: a doomed
+        list made after the last look is swept MIN_GRACE after it at the soonest, and is
+        still in `gc/` until then (docs/design.md section 17, "Remote gc")."""
+        for _ in range(SETTLE_ROUNDS):
+            t = time.monotonic()
+            look = refresh(self.bucket, self.state, adopt=False, indexes=t - looked >= MIN_GRACE / 2)
+            if look.indexes_listed:
+                looked = t
+            self.report.forgotten += look.forgotten
+            need = [h for h, _ in self.state.missing_chunks(copy)]
+            if not need:
+                return looked
+            locs = self.store.index.pin(need)
+            pinned += need
+            lost = [h for h in need if h not in locs]
+            if lost:
+                raise RemoteError(f"{self.bucket.where}: {len(lost)} chunks generation {gen} uses were in packs a "
+                                  "remote gc marked or deleted during this pass, and the store no longer holds them; "
+                                  "the next pass uploads a newer generation")
+            self.report.reuploaded += len(need)
+            self.chunks([(h, locs[h]) for h in need])
+        raise RemoteError(f"{self.bucket.where}: remote gc marked packs generation {gen} uses {SETTLE_ROUNDS} times "
+                          "during this pass; the next pass tries again")
+
+
 def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, report: PushReport) -> None:
-    name, data, index = builder.finish()
+    name, data, index = builder.finish(avoid=state.doomed_packs())
     key = pack_key(bucket, name)
-    if not bucket.exists(key):
+    if not bucket.exists(key):  # another store (or a pass cut short) put these bytes already
         bucket.put(key, data)
     bucket.put(index_key(bucket, name), index)
     state.add_pack(name, len(data), builder.entries, mine=True)
@@ -237,14 +331,18 @@ def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, repor
     report.bytes += len(data)
 
 
-def _upload_catalog(store: "Store", bucket: Bucket, state: RemoteState, copy: Path, gen: int,
-                    report: PushReport) -> None:
+def _put_catalog(store: "Store", bucket: Bucket, state: RemoteState, copy: Path, gen: int,
+                 report: PushReport) -> str:
     with open(copy, "rb") as f:
         data = zstandard.ZstdCompressor(level=CATALOG_LEVEL).compress(f.read())
     key = catalog_key(bucket, store.config.store_uuid, gen)
     bucket.put(key, data)
     state.add_catalog(gen, key, len(data))
     report.catalog_bytes, report.catalog_key = len(data), key
+    return key
+
+
+def _drop_old_catalogs(bucket: Bucket, state: RemoteState) -> None:
     old = state.catalogs()[:-KEEP_CATALOGS]
     if old:
         bucket.delete([k for _, k in old])
@@ -255,5 +353,5 @@ def decode_catalog(data: bytes) -> bytes:
     return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 36)
 
 
-__all__ = ["PushReport", "push", "refresh", "copy_catalog", "decode_catalog", "pack_key", "index_key",
+__all__ = ["PushReport", "Look", "push", "refresh", "copy_catalog", "decode_catalog", "pack_key", "index_key",
            "catalog_key", "decode_index"]

@@ -1,5 +1,5 @@
-"""The remote tier's parts that need no bucket: addresses, config, packs and indexes, remote.db
-(the doomed packs remote gc will mark included)."""
+"""The remote tier's parts that need no bucket: addresses, config, packs and indexes, remote.db,
+doomed lists (remote gc)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,12 @@ import pytest
 from cowfs.errors import CorruptData, InvalidArgument, RemoteError
 from cowfs.remote.config import (REMOTE_FILE, RemoteConfig, parse_url, read_remote_config, remove_remote_config,
                                  write_remote_config)
+from cowfs.remote.doomed import CLOCK_STEP, DoomedPack, ListedDoomed, decode_doomed, encode_doomed
+from cowfs.remote.gc import check_grace
 from cowfs.remote.packs import PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
 from cowfs.remote.state import RemoteState
 from cowfs.remote.upload import copy_catalog
+from cowfs.units import human_duration, parse_duration
 from cowfs.store import ROOT_INO
 from cowfs.store.chunking import chunk_id
 from cowfs.store.records import CODEC_RAW, encode_record
@@ -146,6 +149,70 @@ def test_background_passes_run_at_a_lower_cpu_priority(store, monkeypatch):
     (bg_tid, bg_nice), (fg_tid, fg_nice) = seen
     assert bg_nice == os.getpriority(os.PRIO_PROCESS, 0) + tier_module.UPLOAD_NICE
     assert fg_tid == threading.get_native_id() and fg_nice == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_pack_never_gets_a_name_to_avoid():
+    recs = _records(3, seed=4)
+    name, data, _ = _pack(recs)
+    b = PackBuilder()
+    for cid, rec in recs:
+        n = int.from_bytes(rec[8:12], "little")
+        b.add(rec, cid, n, n, CODEC_RAW)
+    other, data2, index2 = b.finish(avoid={name})  # the records in reverse order
+    assert other != name and other == pack_name(data2) and b.size == len(data2)
+    assert [e.chunk_id for e in b.entries] == [c for c, _ in recs][::-1]
+    assert entries_of_pack(data2) == b.entries == decode_index(index2, expect_name=other).entries
+    (cid, rec), = _records(1, seed=5)
+    single, _, _ = _pack([(cid, rec)])
+    b = PackBuilder()
+    n = int.from_bytes(rec[8:12], "little")
+    b.add(rec, cid, n, n, CODEC_RAW)
+    third, data3, _ = b.finish(avoid={single})  # one record: it is laid out twice
+    assert third != single and data3 == rec + rec and entries_of_pack(data3) == b.entries
+
+
+def test_doomed_list_round_trip_and_damage():
+    packs = [DoomedPack(pack_name(bytes([k])), 1000 + k, 1_700_000_000_000 + k) for k in range(3)]
+    store_uuid = "0b1e6a52-54b5-4c1f-9d5e-0f8b3c2d1a00"
+    name, data = encode_doomed(2.5, 123, store_uuid, packs + [DoomedPack(pack_name(b"x"), 0, 0)])
+    assert is_pack_name(name) and name == pack_name(data) and len(data) == 48 + 4 * 48 + 4
+    d = decode_doomed(data, expect_name=name)
+    assert (d.grace, d.created_ns, d.store_uuid, d.packs[:3]) == (2.5, 123, store_uuid, packs)
+    assert d.packs[3].size == 0 and d.packs[3].modified_ms == 0
+    bad = bytearray(data)
+    bad[60] ^= 1
+    with pytest.raises(CorruptData, match="checksum"):
+        decode_doomed(bytes(bad))
+    with pytest.raises(CorruptData, match="truncated"):
+        decode_doomed(data[:20])
+    with pytest.raises(CorruptData, match="not to its name"):
+        decode_doomed(data, expect_name=pack_name(b"other"))
+    with pytest.raises(CorruptData, match="not a cowfs doomed list"):
+        decode_doomed(_recrc(b"CWFSIDX1" + data[8:-4]))
+
+
+def _recrc(body: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_a_doomed_list_is_due_after_its_grace_on_the_engines_clock():
+    name, data = encode_doomed(2.0, 0, "0b1e6a52-54b5-4c1f-9d5e-0f8b3c2d1a00", [])
+    listed = ListedDoomed("p/gc/x.doomed", name, 1000.0, decode_doomed(data))
+    assert not listed.due(1000.0 + 2.0) and not listed.due(1000.0 + 2.0 + CLOCK_STEP - 0.001)
+    assert listed.due(1000.0 + 2.0 + CLOCK_STEP)
+    assert not ListedDoomed("p/gc/y.doomed", name, 0.0, None, "damaged").due(1e12)  # names nothing
+    check_grace(2.0)
+    with pytest.raises(InvalidArgument, match="too short"):
+        check_grace(1.5)
+
+
+def test_durations_print_as_they_parse():
+    for seconds in (2.0, 2.5, 59.0, 60.0, 3600.0, 5400.0, 86400.0 + 3600.0, 7 * 86400.0):
+        assert parse_duration(human_duration(seconds)) == seconds
+    assert human_duration(3600) == "1h" and human_duration(2) == "2s" and human_duration(5400) == "1h30m"
 
 
 def test_doomed_packs_count_as_not_in_the_bucket(store, tmp_path):

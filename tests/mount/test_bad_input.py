@@ -225,6 +225,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "umount": ("umount", "{T}"),
     "remote-status": ("remote", "status", "{T}"),
     "remote-push": ("remote", "push", "{T}"),
+    "remote-gc": ("remote", "gc", "{T}"),
     "remote-fsck": ("remote", "fsck", "{T}"),
 }
 
@@ -302,6 +303,10 @@ ARGUMENTS: list[tuple[tuple[str, ...], str]] = [
     (("restore", "{T}", "/run/model.pt", "--snapshot", "one", "--to", "/nodir/model.pt"), "no such file or directory"),
     (("prune", "{T}"), "no keep rule given"),
     (("remote", "push", "{T}"), "no remote set"),
+    (("remote", "gc", "{T}"), "no remote set"),
+    (("remote", "gc", "{T}", "--grace", "soon"), "not a duration"),
+    (("remote", "gc", "{T}", "--grace", "0"), "not a duration"),
+    (("remote", "gc", "{T}", "--grace", "1s"), "--grace 1s is too short: at least 2s"),
     (("remote", "fsck", "{T}"), "no remote set"),
     (("remote", "fsck", "{T}", "--deep"), "no remote set"),
     (("remote", "set", "{T}", "http://bucket/x"), "a remote is written s3://BUCKET/PREFIX"),
@@ -343,12 +348,13 @@ def test_bad_arguments_mounted(args: tuple[str, ...], message: str, live: tuple[
     assert fingerprint(store) == before, "the store (or the daemon's log) changed"
 
 
-UNREACHABLE: list[tuple[str, ...]] = [("remote", "fsck", "{T}"), ("remote", "fsck", "{T}", "--deep")]
+UNREACHABLE: list[tuple[str, ...]] = [("remote", "gc", "{T}"), ("remote", "gc", "{T}", "--grace", "2s"),
+                                     ("remote", "fsck", "{T}", "--deep")]
 
 
 @pytest.mark.parametrize("args", UNREACHABLE, ids=[case_id(a) for a in UNREACHABLE])
-def test_remote_fsck_with_an_endpoint_that_does_not_answer(args: tuple[str, ...], template: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remote_gc_and_fsck_with_an_endpoint_that_does_not_answer(args: tuple[str, ...], template: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from cowfs.remote.config import RemoteConfig, write_remote_config
 
     store = tmp_path / "store"

@@ -1,11 +1,14 @@
-"""What the remote tests share: a bucket's listing, and a store's files read back from the
-bucket alone (newest catalog object, the indexes, ranged GETs of the packs)."""
+"""What the remote tests share: a bucket's listing, waiting for objects to age on the
+engine's clock, and a store's files read back from the bucket alone (newest catalog object,
+the indexes, ranged GETs of the packs)."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from cowfs.remote.config import RemoteConfig
+from cowfs.remote.doomed import CLOCK_STEP
 from cowfs.remote.fetch import RemoteChunks
 from cowfs.remote.packs import decode_index
 from cowfs.remote.s3 import Bucket
@@ -23,6 +26,19 @@ def pack_names(cfg: RemoteConfig) -> set[str]:
     b = Bucket(cfg)
     prefix = b.key("packs", "")
     return {o.key[len(prefix):] for o in b.list(prefix)}
+
+
+def wait_older(cfg: RemoteConfig, kind: str, seconds: float, deadline: float = 120.0) -> None:
+    """Until every object under PREFIX/kind/ is `seconds` old on the engine's clock (its Date
+    against their LastModified, whole seconds allowed for, as remote gc measures)."""
+    b = Bucket(cfg)
+    end = time.monotonic() + deadline
+    while True:
+        now = b.clock()
+        if all(now - o.modified >= seconds + CLOCK_STEP for o in b.list(b.key(kind, ""))):
+            return
+        assert time.monotonic() < end, f"{kind}/ objects not {seconds} s old within {deadline} s"
+        time.sleep(0.2)
 
 
 def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = b"run") -> dict[str, bytes]:
