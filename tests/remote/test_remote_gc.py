@@ -294,6 +294,35 @@ def test_a_sweep_cut_short_between_an_index_and_its_pack_is_finished(tmp_path, r
     assert_clean(s.root)
 
 
+def test_a_pack_put_again_after_the_mark_is_kept_by_the_sweep(tmp_path, rgw, s3_bucket, hands):
+    """Another store's pass that had not seen the doomed list may PUT the same bytes again
+    (its catalog then needs them): the sweep keeps a pack whose LastModified changed."""
+    blob = data(1 << 20, 19)
+    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    with s:
+        (p,) = put_file(s, "a.bin", blob)
+        forget(s, "a.bin")
+        wait_older(cfg, "packs", GRACE)
+        gc = hand(s, hands)
+        assert gc.mark().marked_packs == 1
+        bucket = Bucket(cfg)
+        key = bucket.key("packs", p)
+        (marked,) = [o.modified for o in bucket.list(key)]
+        deadline = time.monotonic() + DEADLINE
+        while [o.modified for o in bucket.list(key)] == [marked]:  # LastModified may count whole seconds
+            assert time.monotonic() < deadline
+            bucket.put(key, bucket.get(key))
+            time.sleep(0.2)
+        wait_older(cfg, "gc", GRACE)
+        swept = gc.sweep()
+        assert (swept.kept_packs, swept.deleted_packs) == (1, 0) and pack_names(cfg) == {p}
+        wait_older(cfg, "packs", GRACE)
+        assert gc.mark().marked_packs == 1  # still unused: marked again, and deleted at the next sweep
+        wait_older(cfg, "gc", GRACE)
+        assert gc.sweep().deleted_packs == 1 and not pack_names(cfg) and not keys(cfg, "index")
+    assert_clean(s.root)
+
+
 def test_packs_whose_index_was_deleted_are_adopted_and_gc_takes_the_unused_one(tmp_path, rgw, s3_bucket):
     a, b = data(2 << 20, 17), data(2 << 20, 18)
     s, cfg = one_store(tmp_path, rgw, s3_bucket)
