@@ -19,7 +19,8 @@ from .units import duration_ns
 
 
 Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
-WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact", "remote_push", "remote_gc", "remote_fsck"})
+WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact", "remote_push", "remote_gc", "remote_fsck",
+                           "remote_fetch"})
 
 
 def _gen(store: Store, snapshot: str | None, generation: int | None) -> int | None:

@@ -40,7 +40,7 @@ class BucketRecord:
     codec: int
 
 
-Lookup = Callable[[list[bytes]], dict[bytes, BucketRecord]]
+Lookup = Callable[[list[bytes]], dict[bytes, list[BucketRecord]]]  # every record of each chunk, best first
 
 
 def local_segments(store: "Store") -> list[tuple[int, int]]:
@@ -94,10 +94,11 @@ def evict_segment(store: "Store", seg_id: int, lookup: Lookup, max_first_gen: in
         names: list[tuple[str, int]] = []
         entries: list[MapEntry] = []
         for h, offset, stored_len, codec, _ in rows:
-            rec = found.get(bytes(h))
-            if rec is None:
+            held = found.get(bytes(h))
+            if not held:
                 return "some of its chunks are not in the bucket"
-            if rec.stored_len != stored_len or rec.codec != codec:
+            rec = next((r for r in held if r.stored_len == stored_len and r.codec == codec), None)
+            if rec is None:
                 return "the bucket holds some of its chunks in another encoding"
             if rec.pack not in packs:
                 packs[rec.pack] = len(names)

@@ -21,6 +21,7 @@ from cowfs.store.evicted import evicted_ids, map_path, read_map
 from cowfs.store.layout import segment_path
 from cowfs.store.stats import physical_bytes
 from tests.support.mountutil import cowfs, mounted, small_fs
+from tests.support.remoteutil import pack_names, wait_older
 from tests.support.storeutil import assert_clean, data, new_store
 
 SEGMENT = 4 << 20
@@ -219,3 +220,48 @@ def test_a_mounted_store_evicts_in_the_background(tmp_path, rgw, s3_bucket):
             assert (mnt / "run" / f"ckpt-{k}.bin").read_bytes() == blob
     assert not evicted_ids(store_path)
     assert_clean(store_path)
+
+
+def test_remote_gc_keeps_every_pack_an_evicted_chunk_row_needs(tmp_path, rgw, s3_bucket):
+    """Evicted segments are read from packs; remote gc may delete only packs no retained
+    catalog lists a chunk of. A file deleted without a local gc leaves its chunk rows (in
+    evicted segments): a new write can deduplicate against them, so their pack must stay."""
+    path = new_store(tmp_path / "s", segment_size=SEGMENT)
+    with open_store(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        cfg = limited(s, rgw, s3_bucket.name, 1 << 20)
+        blobs = {name: data(3 << 20, 60 + k) for k, name in enumerate(("a", "b", "c"))}
+        packs = {}
+        for name, blob in blobs.items():  # one pack each
+            before = pack_names(cfg)
+            s.write_file(f"/run/{name}", blob)
+            tier_of(s).push()
+            packs[name] = pack_names(cfg) - before
+        assert all(packs.values()) and evicted_ids(path)
+        run = s.lookup(ROOT_INO, b"run").ino
+
+        def cycle_catalogs() -> None:  # new generations until the bucket keeps none older
+            for _ in range(3):
+                s.mkdir(ROOT_INO, f"g{s.generation}".encode())
+                tier_of(s).push()
+
+        s.unlink(run, b"b")
+        s.unlink(run, b"c")
+        s.expire_history()  # no local gc: the chunk rows of b and c stay, in evicted segments
+        cycle_catalogs()
+        wait_older(cfg, "packs", 2)
+        assert tier_of(s).gc(grace=2)["marked_packs"] == 0, "packs of chunk rows still in the catalog"
+        s.write_file("/run/b", blobs["b"])  # deduplicated against b's evicted rows
+        assert tier_of(s).push().bytes == 0
+        assert s.read_file("/run/b") == blobs["b"]
+        s.gc()  # now c's rows go
+        cycle_catalogs()
+        first = tier_of(s).gc(grace=2)
+        assert first["marked_packs"] == len(packs["c"]), first
+        wait_older(cfg, "gc", 2)
+        second = tier_of(s).gc(grace=2)
+        assert second["deleted_packs"] == len(packs["c"]), second
+        assert pack_names(cfg) == packs["a"] | packs["b"]
+        assert s.read_file("/run/a") == blobs["a"] and s.read_file("/run/b") == blobs["b"]
+        assert tier_of(s).fsck(deep=True)["clean"]
+    assert_clean(path)
