@@ -22,14 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import CorruptData, ReadOnly, RemoteError
-from ..store.buffers import window_pool
 from ..store.catalog import Catalog
-from ..store.events import EventBus
-from ..store.holds import Holds
 from ..store.index import ChunkIndex
 from ..store.layout import StoreConfig
 from ..store.log import Location, Log
-from ..store.reader import WINDOW_BUFFER
 from ..store.store import Store
 from .s3 import Bucket, MissingObject
 
@@ -299,28 +295,11 @@ class Replica(Store):
 
     def __init__(self, root: Path, config: StoreConfig, catalog: Path, source: "ReplicaSource", cache_limit: int,
                  workers: int | None = None) -> None:
-        self.root = root
-        self.config = config
-        self._lock_fd = -1
-        self.catalog = Catalog(catalog)
-        self.recovered_bytes = 0
         self.blocks = BlockCache(root / "blocks", source.bucket, cache_limit)
-        self.log = PackLog(root, config, self.blocks, source.pack)
-        self.log.locate = source.locate
-        self.index = ChunkIndex(self.catalog)
-        self.capabilities_stored = True
-        self.workers = workers or os.cpu_count() or 2
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cowfs-chunk")
-        self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
-        self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)
-        self._sessions = {}
-        self.holds = Holds()
-        self._session_holds = {}
-        self._mutex = threading.RLock()
-        self.events = EventBus()
-        self._maintenance = threading.Lock()
-        self._compacting = threading.Lock()
-        self.closed = False
+        log = PackLog(root, config, self.blocks, source.pack)
+        log.locate = source.locate
+        # no lock file (the cache directory's lock is the daemon's), one chunking thread (no writes)
+        self._serve(root, config, -1, Catalog(catalog), log, workers, chunk_workers=1)
         self._old_catalogs: list[Catalog] = []
 
     def use_catalog(self, new: Catalog) -> list[Catalog]:

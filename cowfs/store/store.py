@@ -65,23 +65,34 @@ T = TypeVar("T")
 class Store(TreeChanges):
     def __init__(self, root: Path, config: StoreConfig, lock_fd: int, workers: int | None = None,
                  pack_reader: Callable[[Path], PackReader] | None = None) -> None:
+        catalog = Catalog(root / CATALOG_FILE)
+        try:
+            recovered = recover(root, catalog, config.device)
+        except BaseException:
+            catalog.close()
+            raise
+        log = Log(root, config, self._new_segment_id)
+        log.locate = self._locate_chunk
+        log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
+        self._serve(root, config, lock_fd, catalog, log, workers)
+        self.recovered_bytes = recovered
+        self.capabilities_stored = self.catalog.read(xattrs.any_capability)  # see may_have_xattr
+
+    def _serve(self, root: Path, config: StoreConfig, lock_fd: int, catalog: Catalog, log: Log,
+               workers: int | None, chunk_workers: int | None = None) -> None:
+        """The parts of every Store around its catalog and its log (which the caller made: a
+        replica of a remote store makes its own, remote/replica.py)."""
         self.root = root
         self.config = config
         self._lock_fd = lock_fd
-        self.catalog = Catalog(root / CATALOG_FILE)
-        try:
-            self.recovered_bytes = recover(root, self.catalog, config.device)
-        except BaseException:
-            self.catalog.close()
-            raise
-        self.log = Log(root, config, self._new_segment_id)
-        self.log.locate = self._locate_chunk
-        self.log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
-        self.index = ChunkIndex(self.catalog)
-        self.capabilities_stored = self.catalog.read(xattrs.any_capability)  # see may_have_xattr
+        self.catalog = catalog
+        self.recovered_bytes = 0
+        self.log = log
+        self.index = ChunkIndex(catalog)
+        self.capabilities_stored = True
         # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
         self.workers = workers or os.cpu_count() or 2
-        self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-chunk")
+        self.executor = ThreadPoolExecutor(max_workers=chunk_workers or self.workers, thread_name_prefix="cowfs-chunk")
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
         self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
         self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
