@@ -8,7 +8,8 @@ Parts (--only, comma-separated; default all): series (the workloads, each ending
 compaction (issue 14: HF Trainer series written into the mount, compaction off vs idle,
 torch.save rewriting one path, restic and borg; tools/bench/compaction.py), datapath
 (issue 15: saves, raw writes, cold reads and small files against the plain disk, with the
-daemon's CPU per thread; tools/bench/datapath.py). `--only
+daemon's CPU per thread; tools/bench/datapath.py), remote (issue 17: the remote tier against
+a Ceph RGW started on 127.0.0.1; tools/bench/remote.py, also `make bench-remote`). `--only
 compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
 targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
@@ -41,7 +42,7 @@ from .series import run_series
 from .workloads import WORKLOADS, Scale
 
 
-PARTS = ("series", "snapshot", "writeback", "compaction", "datapath")
+PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -160,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                                                    writeback=args.datapath_writeback)
             finally:
                 shutil.rmtree(work / "datapath", ignore_errors=True)
+        if "remote" in parts:
+            log("remote tier (issue 17): a Ceph RGW on 127.0.0.1; saves, notices, consumer reads, shared prefix")
+            from .remote import main as remote_main  # boto3 and the cluster: only for this part
+
+            remote_main(["--dir", str(work), "--reps", "5", "--out", str(work / "remote.json")])
+            results["remote"] = json.loads((work / "remote.json").read_text())
         if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:
