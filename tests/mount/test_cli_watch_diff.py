@@ -22,12 +22,19 @@ pytestmark = pytest.mark.mount
 CLI = [sys.executable, "-m", "cowfs.cli"]
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started in the background by a shell (which
+    ignores SIGINT in background jobs, and children inherit that) must not change the test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Watcher:
     """A `cowfs watch --json` process; events arrive on a queue stamped with the time they were read."""
 
     def __init__(self, target: Path, path: str | None = None) -> None:
         self.proc = subprocess.Popen([*CLI, "watch", str(target), *([path] if path else []), "--json"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_as_in_a_terminal)
         self.events: queue.Queue[tuple[float, dict]] = queue.Queue()
         self.seen: list[dict] = []
         assert self.proc.stdout is not None
