@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..errors import CorruptData
 from .catalog import Catalog
 from .evicted import MAP_SUFFIX, RESTORE_SUFFIX, evicted_ids, map_path, read_map
 from .layout import SEGMENTS_DIR, fsync_dir, segment_path
@@ -38,7 +39,13 @@ def recover(root: Path, catalog: Catalog, device: str) -> int:
             map_path(root, seg_id).unlink(missing_ok=True)
             drop.append(seg_id)
         elif seg_id in evicted and path.exists():
-            read_map(root, seg_id)  # a whole map (CorruptData otherwise): the eviction finishes
+            try:
+                read_map(root, seg_id)  # a whole map: the eviction finishes
+            except CorruptData:  # a damaged map beside the file: the file holds it all, the map goes
+                map_path(root, seg_id).unlink()
+                fsync_dir(path.parent)
+                released += Log.recover_segment(path, end, device)
+                continue
             released += path.stat().st_blocks * 512
             path.unlink()
             fsync_dir(path.parent)

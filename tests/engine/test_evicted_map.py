@@ -164,3 +164,22 @@ def test_a_segment_dropped_during_a_read_closes_after_it(tmp_path):
         reader.join(60)
         assert out and seg.fd == -1, "closed once the read ended"
         assert s.log.segment(1) is not seg  # opened afresh (here: the file is still there)
+
+
+def test_recovery_keeps_the_file_when_a_map_beside_it_is_damaged(tmp_path):
+    """An eviction cut short leaves map and file; a damaged map then goes, the file stays."""
+    from cowfs.store import ROOT_INO, Store
+    from cowfs.store.evicted import map_path
+    from cowfs.store.layout import segment_path
+    from tests.support.storeutil import assert_clean, data, new_store
+
+    path = new_store(tmp_path / "s", segment_size=4 << 20)
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        s.write_file("/run/a", data(3 << 20, 1))
+        s.write_file("/run/b", data(3 << 20, 2))
+    map_path(path, 1).write_bytes(b"CWFSEVM1 torn or damaged")
+    with Store.open(path) as s:
+        assert not map_path(path, 1).exists() and segment_path(path, 1).exists()
+        assert s.read_file("/run/a") == data(3 << 20, 1)
+    assert_clean(path)
