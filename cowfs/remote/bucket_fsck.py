@@ -22,7 +22,7 @@ from typing import Callable
 from ..errors import CorruptData, RemoteError
 from ..store import namespace as ns
 from ..store.fsck import Problem
-from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header
+from ..store.records import HEADER_SIZE, RecordError, check_record
 from .catalogs import CatalogObject, fetch_catalog, retained_catalogs
 from .packs import PackIndex, decode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
@@ -140,10 +140,7 @@ class _Check:
                 (name,)).fetchall():
             view = memoryview(data)[offset:offset + HEADER_SIZE + stored_len]
             try:
-                head = decode_record_header(view[:HEADER_SIZE])
-                if head.chunk_id != bytes(h) or head.stored_len != stored_len:
-                    raise RecordError("the record there holds another chunk")
-                check_payload(head, view[HEADER_SIZE:HEADER_SIZE + stored_len])
+                check_record(view, bytes(h), stored_len)
             except RecordError as e:
                 bad_records.append(f"chunk {bytes(h).hex()[:16]} at offset {offset}: {e}")
         if bad_records:

@@ -33,16 +33,8 @@ def bucket_records(state: RemoteState, hashes: list[bytes]) -> dict[bytes, list[
     """Where the bucket (as remote.db knows it) holds each of `hashes`: every pack, those no
     doomed list names first (a doomed pack that still holds a chunk of a retained catalog is
     kept by the sweep, but a sound one is the better choice)."""
-    out: dict[bytes, list[BucketRecord]] = {}
-    for i in range(0, len(hashes), 500):
-        part = hashes[i:i + 500]
-        q = ("SELECT o.hash, o.pack, p.size, o.offset, o.stored_len, o.codec FROM objects o JOIN packs p"
-             " ON p.name = o.pack WHERE o.hash IN (%s)"
-             " ORDER BY o.pack IN (SELECT pack FROM doomed), p.id" % ",".join("?" * len(part)))
-        for h, pack, size, offset, stored_len, codec in state.conn.execute(q, part):
-            out.setdefault(bytes(h), []).append(BucketRecord(str(pack), int(size), int(offset), int(stored_len),
-                                                             int(codec)))
-    return out
+    return {h: [BucketRecord(pack, size, e.offset, e.stored_len, e.codec) for pack, size, e in held]
+            for h, held in state.holders(hashes).items()}
 
 
 def evict(store: "Store", state: RemoteState, limit: int) -> EvictReport:

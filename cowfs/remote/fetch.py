@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import CorruptData, RemoteError
 from ..store.codecs import MAX_CHAIN, decode
 from ..store.log import check_chunk
-from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header
+from ..store.records import RecordError, check_record
 from .packs import PackEntry
 from .s3 import Bucket, MissingObject
 from .state import RemoteState
@@ -42,11 +42,7 @@ class RemoteChunks:
         except RemoteError as e:
             raise CorruptData(f"{where}: {e}") from None
         try:
-            head = decode_record_header(data[:HEADER_SIZE])
-            if head.chunk_id != chunk_id or head.stored_len != entry.stored_len:
-                raise RecordError("record does not hold the expected chunk")
-            payload = data[HEADER_SIZE:HEADER_SIZE + head.stored_len]
-            check_payload(head, payload)
+            _, payload = check_record(data, chunk_id, entry.stored_len)
         except RecordError as e:
             raise CorruptData(f"{where}: {e}") from None
         return payload

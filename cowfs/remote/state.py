@@ -133,6 +133,19 @@ class RemoteState:
             " ORDER BY pack IN (SELECT pack FROM doomed), pack", (chunk_id,)).fetchall()
         return [(str(r[0]), PackEntry(chunk_id, *r[1:])) for r in rows]
 
+    def holders(self, hashes: list[bytes]) -> dict[bytes, list[tuple[str, int, PackEntry]]]:
+        """(pack, pack size, entry) of every known pack holding each of `hashes` (the batched
+        `locations`), those no doomed list names first."""
+        out: dict[bytes, list[tuple[str, int, PackEntry]]] = {}
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            q = ("SELECT o.hash, o.pack, p.size, o.offset, o.stored_len, o.raw_len, o.codec FROM objects o"
+                 " JOIN packs p ON p.name = o.pack WHERE o.hash IN (%s)"
+                 " ORDER BY o.pack IN (SELECT pack FROM doomed), o.pack" % ",".join("?" * len(part)))
+            for h, pack, size, *entry in self.conn.execute(q, part):
+                out.setdefault(bytes(h), []).append((str(pack), int(size), PackEntry(bytes(h), *entry)))
+        return out
+
     def location(self, chunk_id: bytes) -> tuple[str, PackEntry] | None:
         """(pack, entry) of a pack holding the chunk: one no doomed list names if there is one."""
         found = self.locations(chunk_id)

@@ -37,7 +37,7 @@ import zstandard
 from ..errors import CorruptData, RemoteError
 from ..store.layout import CATALOG_FILE
 from ..store.log import Location
-from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header
+from ..store.records import RecordError, check_record
 from .doomed import MIN_GRACE, look_at_gc
 from .packs import PackBuilder, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
@@ -191,10 +191,7 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]]) -> list[memo
             raise CorruptData(f"{where}: record truncated")
         rec = buf[rel:rel + loc.span]
         try:
-            head = decode_record_header(rec[:HEADER_SIZE])
-            if head.chunk_id != h or head.stored_len != loc.stored_len:
-                raise RecordError("record does not hold the expected chunk")
-            check_payload(head, rec[HEADER_SIZE:HEADER_SIZE + head.stored_len])
+            check_record(rec, h, loc.stored_len)
         except RecordError as e:
             raise CorruptData(f"{where}: {e}") from None
         out.append(rec)

@@ -22,8 +22,7 @@ from ..errors import CorruptData
 from .device import FileSegment, round_up
 from .evicted import RESTORE_SUFFIX, EvictionMap, MapEntry, evicted_ids, map_path, read_map, write_map
 from .layout import FORMAT_VERSION, fsync_dir, segment_path
-from .records import (DATA_START, HEADER_SIZE, RecordError, check_payload, decode_record_header,
-                      encode_segment_header, record_span)
+from .records import DATA_START, RecordError, check_record, encode_segment_header, record_span
 
 if TYPE_CHECKING:
     from .store import Store
@@ -135,10 +134,9 @@ def restore_segment(store: "Store", seg_id: int) -> int:
         for e in emap.entries:
             rec = seg.read(e.seg_offset, e.span)
             try:
-                head = decode_record_header(rec[:HEADER_SIZE])
+                head, _ = check_record(rec)
                 if head.span != e.span:
                     raise RecordError("record span differs from the map's")
-                check_payload(head, rec[HEADER_SIZE:HEADER_SIZE + head.stored_len])
             except RecordError as err:
                 raise CorruptData(f"segment {seg_id} offset {e.seg_offset} (from the bucket): {err}") from None
             out.write(e.seg_offset, rec)

@@ -142,6 +142,20 @@ def check_payload(head: RecordHeader, payload: bytes | memoryview) -> None:
         raise RecordError("record payload checksum mismatch")
 
 
+def check_record(rec: bytes | memoryview, chunk_id: bytes | None = None,
+                 stored_len: int | None = None) -> tuple[RecordHeader, memoryview]:
+    """A whole record read back (from a segment or a pack): its header, that it holds
+    `chunk_id` with `stored_len` payload bytes when they are given, and its payload CRC;
+    RecordError otherwise. Returns the header and the payload."""
+    view = memoryview(rec)
+    head = decode_record_header(view[:HEADER_SIZE])
+    if (chunk_id is not None and head.chunk_id != chunk_id) or (stored_len is not None and head.stored_len != stored_len):
+        raise RecordError("record does not hold the expected chunk")
+    payload = view[HEADER_SIZE:HEADER_SIZE + head.stored_len]
+    check_payload(head, payload)
+    return head, payload
+
+
 @dataclass(frozen=True)
 class ScannedRecord:
     offset: int

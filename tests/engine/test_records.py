@@ -67,3 +67,22 @@ def test_scan_reports_damage_and_resynchronises():
     damaged = [r for r in recs if r.header is None]
     assert len(damaged) == 1 and damaged[0].offset == second
     assert [r.header.stored_len for r in recs if r.header] == [1000, 500]
+
+
+def test_check_record_names_what_is_wrong():
+    from cowfs.store.records import RecordError, check_record, record_parts
+
+    cid, payload = b"\x01" * 32, b"payload bytes"
+    rec = b"".join(bytes(p) for p in record_parts(cid, payload, len(payload), 0))
+    head, got = check_record(rec, cid, len(payload))
+    assert bytes(got) == payload and head.chunk_id == cid
+    with pytest.raises(RecordError, match="expected chunk"):
+        check_record(rec, b"\x02" * 32)
+    with pytest.raises(RecordError, match="expected chunk"):
+        check_record(rec, cid, len(payload) + 1)
+    bad = bytearray(rec)
+    bad[64] ^= 1
+    with pytest.raises(RecordError, match="checksum"):
+        check_record(bytes(bad))
+    with pytest.raises(RecordError, match="truncated"):
+        check_record(rec[:70])
