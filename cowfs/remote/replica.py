@@ -93,8 +93,9 @@ class BlockCache:
                     self._remember(key, data)
                 return data
             self.forget(pack, n)  # damaged on the local disk: the bucket has it
-        except FileNotFoundError:
-            pass
+        except OSError:  # gone or unreadable (deleted behind the cache's back, a failing disk)
+            with self._lock:  # no longer counted, so prefetch fetches it again
+                self._sizes.pop(key, None)
         return self._fetch(key, pack_size).result()
 
     def prefetch(self, pack: str, n: int, pack_size: int) -> None:

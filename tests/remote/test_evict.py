@@ -265,3 +265,40 @@ def test_remote_gc_keeps_every_pack_an_evicted_chunk_row_needs(tmp_path, rgw, s3
         assert s.read_file("/run/a") == blobs["a"] and s.read_file("/run/b") == blobs["b"]
         assert tier_of(s).fsck(deep=True)["clean"]
     assert_clean(path)
+
+
+def test_the_block_cache_serves_blocks_its_disk_lost_or_cannot_keep(tmp_path, rgw, s3_bucket):
+    """Fetched pack blocks go to readers first and to the cache's disk after; a block file
+    deleted behind the cache's back is fetched again, and a cache directory
+    that cannot be written still serves every block."""
+    from cowfs.remote.replica import BLOCK, BlockCache
+    from cowfs.remote.s3 import Bucket
+
+    cfg = RemoteConfig(f"s3://{s3_bucket.name}/b", endpoint=rgw.credentials.endpoint)
+    bucket = Bucket(cfg)
+    blob = data(3 * BLOCK + 100, 7)
+    bucket.put(bucket.key("packs", "p" * 64), blob)
+    cache = BlockCache(tmp_path / "blocks", bucket, 64 << 20)
+    try:
+        assert cache.block("p" * 64, 1, len(blob)) == blob[BLOCK:2 * BLOCK]
+        cache.writer.submit(lambda: None).result()  # the writes queued before it are done
+        stored = tmp_path / "blocks" / ("p" * 64) / "1"
+        assert stored.read_bytes()[:-4] == blob[BLOCK:2 * BLOCK]
+        stored.unlink()
+        cache._recent.clear()  # as after a restart: only the disk knows of the block
+        before = cache.fetched_bytes
+        assert cache.block("p" * 64, 1, len(blob)) == blob[BLOCK:2 * BLOCK]
+        assert cache.fetched_bytes == before + BLOCK
+    finally:
+        cache.close()
+    # a cache directory that is a file: nothing can be cached, everything is served
+    (tmp_path / "not-a-dir").write_bytes(b"")
+    cache = BlockCache(tmp_path / "cache2", bucket, 64 << 20)
+    cache.root = tmp_path / "not-a-dir"
+    try:
+        for n in range(4):
+            assert cache.block("p" * 64, n, len(blob)) == blob[n * BLOCK:(n + 1) * BLOCK]
+        cache.writer.submit(lambda: None).result()
+        assert not cache._sizes
+    finally:
+        cache.close()
