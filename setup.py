@@ -7,7 +7,7 @@ setup(
             "cowfs._native",
             ["native/cowfs_native.c"],
             extra_compile_args=["-O3", "-Wall"],
-            libraries=["z"],  # zlib's crc32, the one record headers carry (Debian: zlib1g-dev)
+            libraries=["isal"],  # ISA-L's crc32_gzip_refl: zlib's CRC32, the one record headers carry (Debian: libisal-dev)
         )
     ],
 )

@@ -15,12 +15,12 @@ import logging
 import mmap
 import os
 import threading
-import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from .. import _native
 from ..errors import CorruptData, ReadOnly, RemoteError
 from ..store.catalog import Catalog
 from ..store.index import ChunkIndex
@@ -86,7 +86,7 @@ class BlockCache:
         try:
             raw = self._path(key).read_bytes()
             data, crc = raw[:-4], raw[-4:]
-            if len(raw) >= 4 and zlib.crc32(data).to_bytes(4, "little") == crc:
+            if len(raw) >= 4 and _native.crc32(data).to_bytes(4, "little") == crc:
                 with self._lock:
                     if key in self._sizes:
                         self._sizes.move_to_end(key)
@@ -160,12 +160,12 @@ class BlockCache:
                 if direct:
                     stage = self._stage(size)
                     stage[:len(data)] = data
-                    stage[len(data):size] = zlib.crc32(data).to_bytes(4, "little")
+                    stage[len(data):size] = _native.crc32(data).to_bytes(4, "little")
                     padded = -(-size // 4096) * 4096
                     _write_all(fd, memoryview(stage)[:padded])
                     os.ftruncate(fd, size)
                 else:
-                    _write_all(fd, memoryview(data + zlib.crc32(data).to_bytes(4, "little")))
+                    _write_all(fd, memoryview(data + _native.crc32(data).to_bytes(4, "little")))
             finally:
                 os.close(fd)
             os.replace(tmp, path)
