@@ -9,7 +9,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # ceph-*/radosgw: tests/remote bring up a one-node Ceph cluster with RGW on 127.0.0.1
 # (tests/support/rgw.py, docs/remote-tests.md); no ceph-mgr is needed for that
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config libisal-dev ceph-mon ceph-osd radosgw ceph-common
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config libisal-dev strace ceph-mon ceph-osd radosgw ceph-common
 # Pinned CPU wheel; installed on its own first so nothing resolves a CUDA torch.
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -168,6 +168,26 @@ def test_read_ahead_raised_with_and_without_the_writeback_cache(store_path, tmp_
         assert _read_ahead_kib(m) == READ_AHEAD_KIB
 
 
+def test_cp_writes_in_the_preferred_io_size_the_mount_reports(store_path, tmp_path):
+    """st_blksize is 1 MiB, so cp writes in 1 MiB pieces (each write(2) is a FUSE request),
+    and what it copied reads back whole."""
+    from cowfs.fs.attrs import PREFERRED_IO
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(data(5_000_000, 9))
+    with mounted(store_path, tmp_path / "mnt") as m:
+        (m / "empty").write_bytes(b"")
+        assert os.stat(m / "empty").st_blksize == PREFERRED_IO == 1 << 20
+        trace = tmp_path / "cp.strace"
+        subprocess.run(["strace", "-f", "-e", "trace=write", "-o", str(trace), "cp", str(src), str(m / "copy.bin")],
+                       check=True)
+        sizes = [int(line.rsplit("=", 1)[1]) for line in trace.read_text().splitlines()
+                 if line.split(None, 1)[1].startswith("write(") and "=" in line]
+        assert sizes and max(sizes) == PREFERRED_IO and sum(sizes) == 5_000_000
+        assert (m / "copy.bin").read_bytes() == data(5_000_000, 9)
+    assert_clean(store_path)
+
+
 def test_writeback_cache_is_off_unless_asked() -> None:
     from cowfs.cli import build_parser
     from cowfs.fs.operations import CowfsOperations
