@@ -317,20 +317,19 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             await self.handles.auto_snapshot_done.wait()
         self.handles.creating += 1
         try:
-            attr, session, seq = await in_thread(self._create_file, parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
+            # No worker hop: the catalog's writer thread runs the change and wakes this thread.
+            # Its commit is not durable: the file's first version (at close, or fsync) makes it
+            # durable, or, if nothing is written, Catalog.make_durable(seq) at FLUSH.
+            created = self.store.create_submit(parent, name, mode & 0o7777 & ~ctx.umask, ctx.uid, ctx.gid)
+            await wait_future(created)
+            attr = self.store.catalog.outcome(created)
+            seq = self.store.catalog.lazy_seq  # read after the commit: covers it
+            session = self.store.open_created_session(attr)
             f = self.handles.open_writer(ViewTable.encode(LIVE_VIEW, attr.ino), attr.ino, session)
             f.attr, f.opener_pid, f.lazy_seq = attr, ctx.pid, seq
         finally:
             self.handles.creating -= 1
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
-
-    def _create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> tuple[Attr, WriteSession, int]:
-        """(worker thread) A new file and its write session, in one hop. Its catalog commit is
-        not durable: the file's first version (at close, or fsync) makes it durable, or, if
-        nothing is written, Catalog.make_durable at FLUSH; the seq to pass it."""
-        attr = self.store.create(parent, name, mode, uid, gid, durable=False)
-        seq = self.store.catalog.lazy_seq
-        return attr, self.store.open_session(attr.ino).session, seq
 
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:

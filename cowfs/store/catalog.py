@@ -373,6 +373,24 @@ class Catalog:
                     raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
         raise AssertionError("unreachable")
 
+    def submit(self, fn: Callable[[Txn], T], op: str, durable: bool = True) -> "Future[T]":
+        """`write` without waiting, for a caller that must not block (the FUSE thread): the
+        change is queued for the writer thread, and `outcome(future)` gives its result once
+        the future is done. Not for changes that free space (no retry on a full device)."""
+        assert op not in FREEING_OPS and threading.current_thread() is not self._thread
+        change = _Change(fn, op, durable)
+        self._queue.put(change)
+        return change.future
+
+    def outcome(self, future: "Future[T]") -> T:
+        """The result of a done `submit`, its SQLite errors mapped as `write` maps them."""
+        try:
+            return future.result()
+        except sqlite3.DatabaseError as e:
+            if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
+            raise damaged(self.path, e) or e from None
+
     def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) on the writer thread without opening a transaction."""
         return self._submit(lambda: fn(self._conn))

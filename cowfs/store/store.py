@@ -291,21 +291,36 @@ class Store(TreeChanges):
                 return attr, load_extents(conn, attr.content_id)
 
             attr, extents = self._read(fn, None)
-            self._session_holds[ino] = self.holds.hold(attr.content_id)
-            session = WriteSession(
-                ino,
-                extents,
-                attr.size,
-                self.log,
-                self.index,
-                self.executor,
-                self.root / SPILL_DIR,
-                self.read_chunk,
-                self._commit_version,
-                self._session_closed,
-            )
-            self._sessions[ino] = session
-        return SessionHandle(session)
+            return SessionHandle(self._new_session(ino, attr.content_id, extents, attr.size))
+
+    def open_created_session(self, attr: Attr) -> WriteSession:
+        """The write session of a file this caller just created (`attr`: its empty first
+        version, as the create returned it): nothing to load, and nothing gc could drop
+        meanwhile, so no catalog read and no gc_lock (the FUSE thread calls it)."""
+        if attr.size != 0 or attr.content_id is not None or not attr.is_file:
+            raise InvalidArgument(f"inode {attr.ino} is not a file just created")
+        with self._mutex:
+            if attr.ino in self._sessions:
+                raise Busy(f"inode {attr.ino} already has a write session")
+            return self._new_session(attr.ino, None, [], 0)
+
+    def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int) -> WriteSession:
+        """(under _mutex) A session from its base version, held and registered."""
+        self._session_holds[ino] = self.holds.hold(content_id)
+        session = WriteSession(
+            ino,
+            extents,
+            size,
+            self.log,
+            self.index,
+            self.executor,
+            self.root / SPILL_DIR,
+            self.read_chunk,
+            self._commit_version,
+            self._session_closed,
+        )
+        self._sessions[ino] = session
+        return session
 
     def session_of(self, ino: int) -> WriteSession | None:
         return self._sessions.get(ino)

@@ -4,6 +4,7 @@ catalog transaction each (namespace.py), with the events that name them. A part 
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -11,7 +12,7 @@ from ..errors import InvalidArgument, IsADirectory
 from . import events as ev
 from . import namespace as ns
 from . import xattrs
-from .catalog import Txn
+from .catalog import Catalog, Txn
 from .commit import path_in
 from .events import Event
 from .namespace import Attr
@@ -29,6 +30,7 @@ class TreeChanges:
     if TYPE_CHECKING:
         _sessions: dict[int, WriteSession]
         capabilities_stored: bool
+        catalog: Catalog
 
         def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None,
                     durable: bool = True) -> T: ...
@@ -53,6 +55,17 @@ class TreeChanges:
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None, durable: bool = True) -> Attr:
         """A new empty regular file; not `durable`: see Catalog.write (the file's first version makes it durable)."""
         return self._make("create", parent, name, KIND_FILE, mode, uid, gid, durable=durable)
+
+    def create_submit(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> "Future[Attr]":
+        """`create(..., durable=False)` queued for the catalog's writer thread without waiting
+        (for the FUSE thread: `catalog.outcome(future)` once it is done). Creates have no
+        events (a file's first version has them), so this is the whole change."""
+
+        def fn(txn: Txn) -> Attr:
+            ino = ns.make_node(txn, parent, name, KIND_FILE, mode, uid, gid, None, 0)
+            return ns.getattr_(txn.conn, ino, txn.gen)
+
+        return self.catalog.submit(fn, "create", durable=False)
 
     def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> Attr:
         return self._make("mkdir", parent, name, KIND_DIR, mode, uid, gid)

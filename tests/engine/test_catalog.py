@@ -2,6 +2,7 @@
 transaction (group commit), each with its own generation; a failing change is undone alone."""
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 import uuid
@@ -247,3 +248,23 @@ def test_a_group_with_one_durable_change_is_durable(catalog: Catalog) -> None:
     assert sum(s.upper() == "COMMIT" for s in traced) == 1
     assert "PRAGMA synchronous = NORMAL" not in traced  # "a" and "c" are durable: so is the group
     assert catalog.lazy_seq == before and catalog.durable_seq == catalog.lazy_seq
+
+
+def test_a_submitted_change_commits_lazily_and_outcome_maps_its_errors(catalog: Catalog) -> None:
+    """`submit` queues a change without waiting; `outcome` gives its result, or its error:
+    the change's own (here SQLite's constraint error) as raised, rolled back alone."""
+    fut = catalog.submit(note("async"), "note", durable=False)
+    gen = catalog.outcome(wait(fut))
+    assert catalog.lazy_seq >= 1 and catalog.durable_seq < catalog.lazy_seq  # lazy: not yet fsynced
+    dup = catalog.submit(lambda txn: txn.execute("INSERT INTO notes VALUES (?, 'again')", (gen,)), "note", durable=False)
+    with pytest.raises(sqlite3.IntegrityError):
+        catalog.outcome(wait(dup))
+    rows = catalog.read(lambda conn: conn.execute("SELECT gen, who FROM notes").fetchall())
+    assert rows == [(gen, "async")]
+    with pytest.raises(AssertionError):
+        catalog.submit(note("x"), "gc")  # changes that free space go through write (they retry when full)
+
+
+def wait(fut):  # type: ignore[no-untyped-def]
+    fut.exception(timeout=60)
+    return fut

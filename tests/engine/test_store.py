@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from cowfs.errors import Busy, CorruptData, Exists, IsADirectory, NotEmpty, NotFound, StoreError
+from cowfs.errors import Busy, CorruptData, Exists, InvalidArgument, IsADirectory, NotEmpty, NotFound, StoreError
 from cowfs.store import ROOT_INO, Store
 from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, segment_path
 from cowfs.store.schema import LIVE
@@ -503,3 +503,26 @@ def test_directory_link_counts_follow_every_change_and_fsck_checks_them(path):
         assert [p.line() for p in report.problems if "link count" in p.line()], report.problems
         assert any("link count set to 2" in line for line in s.fsck(repair=True).repaired)
         assert s.getattr(a.ino).nlink == 2 and s.fsck().clean
+
+
+def test_a_created_file_gets_its_session_without_a_catalog_read(path):
+    """The FUSE create path: create_submit (not waited on by the caller's thread), then
+    open_created_session on the empty version it returned; the session's commit makes the
+    file's first version durable, and a file that is not just created is refused."""
+    with Store.open(path) as s:
+        created = s.create_submit(ROOT_INO, b"new.bin", 0o640, os.getuid(), os.getgid())
+        attr = s.catalog.outcome(created)
+        assert attr.size == 0 and attr.content_id is None and stat.S_IMODE(attr.mode) == 0o640
+        session = s.open_created_session(attr)
+        with pytest.raises(Busy):
+            s.open_created_session(attr)
+        session.write(0, data(300_000, 3))
+        assert session.commit().size == 300_000
+        session.close()
+        again = s.create_submit(ROOT_INO, b"new.bin", 0o640, os.getuid(), os.getgid())
+        with pytest.raises(Exists):
+            s.catalog.outcome(again)
+        with pytest.raises(InvalidArgument):  # it has a body now
+            s.open_created_session(s.getattr(attr.ino))
+    with Store.open(path) as s:
+        assert s.read_file("/new.bin") == data(300_000, 3)
