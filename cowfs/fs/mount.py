@@ -160,6 +160,22 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
         log.warning("read-ahead left at the kernel's default (%s)", e)
 
 
+SPLICE_PIPE = 2 << 20  # the pipe libfuse needs to splice a 1 MiB request and its header
+
+
+def _hint_pipe_size() -> None:
+    """libfuse moves WRITE requests by splice only when fs.pipe-max-size allows a 2 MiB
+    pipe (the default is 1 MiB); then the FUSE thread spends about a third less CPU per
+    GiB written (docs/benchmarks.md, issue 15). A system-wide setting: said, not changed."""
+    try:
+        size = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    except (OSError, ValueError):
+        return
+    if size < SPLICE_PIPE:
+        log.info("fs.pipe-max-size is %d: writes reach cowfs without splice; "
+                 "`sysctl fs.pipe-max-size=%d` makes them cheaper (docs/benchmarks.md)", size, SPLICE_PIPE)
+
+
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
                writeback_cache: bool | None = None, compact_idle: float | None = None,
@@ -183,6 +199,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         pyfuse3.init(ops, str(mountpoint), options)
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
+        _hint_pipe_size()
         try:
             trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on)
         finally:

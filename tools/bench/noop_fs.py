@@ -1,0 +1,205 @@
+"""The FUSE binding's own ceiling: a pyfuse3 file system that stores nothing.
+
+Files live in a dict (name -> bytes) of one directory; every handler answers at once on
+the trio thread, with the same mount options and request sequence as cowfs's mount
+(default_permissions, no writeback cache, entry and attribute timeouts of 1 s, extended
+attributes answered). What it measures is what pyfuse3, trio and the kernel's FUSE code
+cost per request on this machine, with no catalog, log or thread hop behind them: the
+small-file rate no handler code can beat.
+
+    python -m tools.bench.noop_fs MOUNTPOINT       # serve until SIGTERM / Ctrl-C
+    python -m tools.bench.noop_fs --small-files N  # mount, time N small files, unmount
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+ROOT = pyfuse3.ROOT_INODE
+TIMEOUT = 1.0
+
+
+class NoopFs(pyfuse3.Operations):
+    enable_writeback_cache = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[bytes, int] = {}
+        self.data: dict[int, bytes] = {}
+        self.modes: dict[int, int] = {ROOT: stat.S_IFDIR | 0o755}
+        self.next_ino = ROOT + 1
+        self.next_fh = 1
+        self.requests: dict[str, int] = {}
+
+    def _count(self, op: str) -> None:
+        self.requests[op] = self.requests.get(op, 0) + 1
+
+    def _entry(self, ino: int) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino
+        e.entry_timeout = e.attr_timeout = TIMEOUT
+        e.st_mode = self.modes[ino]
+        e.st_nlink = 2 if ino == ROOT else 1
+        e.st_uid, e.st_gid = os.getuid(), os.getgid()
+        e.st_size = len(self.data.get(ino, b""))
+        e.st_blksize = 1 << 16
+        e.st_blocks = (e.st_size + 511) // 512
+        now = time.time_ns()
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now
+        return e
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._count("lookup")
+        ino = self.names.get(name) if parent_inode == ROOT else None
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._entry(ino)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._count("getattr")
+        if inode not in self.modes:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._entry(inode)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._count("create")
+        ino, self.next_ino = self.next_ino, self.next_ino + 1
+        self.names[name] = ino
+        self.modes[ino] = stat.S_IFREG | (mode & 0o7777)
+        self.data[ino] = b""
+        fh, self.next_fh = self.next_fh, self.next_fh + 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(ino)
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self._count("open")
+        fh, self.next_fh = self.next_fh, self.next_fh + 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        self._count("write")
+        return len(buf)  # nothing kept: the binding's cost, not a store's
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        self._count("getxattr")
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+    async def flush(self, fh: int) -> None:
+        self._count("flush")
+
+    async def release(self, fh: int) -> None:
+        self._count("release")
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        return None
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_namemax = 255
+        return s
+
+
+def serve(mountpoint: str, ready: int | None = None) -> None:
+    fs = NoopFs()
+    opts = set(pyfuse3.default_options) | {"fsname=noopfs", "default_permissions"}
+    pyfuse3.init(fs, mountpoint, opts)
+    if ready is not None:
+        os.write(ready, b"1")
+        os.close(ready)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pyfuse3.main)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(run)
+    finally:
+        pyfuse3.close(unmount=True)
+        print(" ".join(f"{k}={v}" for k, v in sorted(fs.requests.items())), file=sys.stderr)
+
+
+def small_files_rate(n: int, writers: int, rounds: int) -> None:
+    """Mount the no-op file system in a child process, time `rounds` runs of `n` small
+    files by `writers` threads (tools.bench.datapath's workload), print files/s and the
+    daemon's CPU per file, unmount."""
+    from .mounting import cpu_seconds
+
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="noopfs-") as tmp:
+        mnt = Path(tmp) / "mnt"
+        mnt.mkdir()
+        r, w = os.pipe()
+        child = subprocess.Popen([sys.executable, "-m", "tools.bench.noop_fs", str(mnt), "--ready-fd", str(w)],
+                                 pass_fds=(w,))
+        os.close(w)
+        try:
+            if os.read(r, 1) != b"1":
+                raise SystemExit("the no-op file system did not mount")
+            for k in range(rounds):
+                c0, t0 = cpu_seconds(child.pid), time.perf_counter()
+                _small_files_named(mnt, n, writers, k)
+                dt, c1 = time.perf_counter() - t0, cpu_seconds(child.pid)
+                print(f"no-op pyfuse3: {n / dt:.0f} files/s, daemon {1e3 * (c1 - c0) / n:.3f} ms CPU per file")
+        finally:
+            os.close(r)
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=60)
+
+
+def _small_files_named(d: Path, n: int, writers: int, round_no: int) -> None:
+    """tools.bench.datapath's small-file workload, with names of its own per round (the
+    no-op file system has one flat directory)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from .datapath import SMALL_FILE
+
+    payload = os.urandom(SMALL_FILE)
+
+    def write(first: int) -> None:
+        for i in range(first, n, writers):
+            fd = os.open(d / f"r{round_no}f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, payload)
+            finally:
+                os.close(fd)
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        list(pool.map(write, range(writers)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m tools.bench.noop_fs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mountpoint", nargs="?")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--small-files", type=int, metavar="N", help="time N small files into a fresh mount")
+    p.add_argument("--writers", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    if a.small_files:
+        small_files_rate(a.small_files, a.writers, a.rounds)
+    elif a.mountpoint:
+        serve(a.mountpoint, a.ready_fd)
+    else:
+        p.error("give a MOUNTPOINT or --small-files N")
+
+
+if __name__ == "__main__":
+    main()
