@@ -5,6 +5,7 @@ import errno
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +187,19 @@ def test_cp_writes_in_the_preferred_io_size_the_mount_reports(store_path, tmp_pa
         assert sizes and max(sizes) == PREFERRED_IO and sum(sizes) == 5_000_000
         assert (m / "copy.bin").read_bytes() == data(5_000_000, 9)
     assert_clean(store_path)
+
+
+def test_the_mount_suggests_the_pipe_size_that_lets_libfuse_splice(store_path, tmp_path):
+    """libfuse splices requests only into 2 MiB pipes: below that limit the daemon's log
+    says so in one line (it does not change the system-wide setting itself)."""
+    from cowfs.fs.mount import SPLICE_PIPE
+
+    limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    with mounted(store_path, tmp_path / "mnt") as m:
+        (m / "f").write_bytes(b"x")
+    logged = (store_path / "cowfs.log").read_text()
+    assert ("fs.pipe-max-size is" in logged) == (limit < SPLICE_PIPE)
+    assert int(Path("/proc/sys/fs/pipe-max-size").read_text()) == limit
 
 
 def test_writeback_cache_is_off_unless_asked() -> None:
