@@ -100,15 +100,15 @@ def _safe_open_all(path: Path) -> None:
             f.get_tensor(k)
 
 
-def _small_files(d: Path, n: int, writers: int) -> None:
+def _small_files(d: Path, n: int, writers: int, prefix: str = "f") -> None:
     """n files of 4 KiB, by `writers` threads at once (as DCP's ranks or a data loader's
-    workers write them), each file created, written and closed."""
+    workers write them), each file created, written and closed; named PREFIX + number."""
     d.mkdir(parents=True, exist_ok=True)
     payload = os.urandom(SMALL_FILE)
 
     def write(first: int) -> None:
         for i in range(first, n, writers):
-            fd = os.open(d / f"f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(d / f"{prefix}{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.write(fd, payload)
             finally:

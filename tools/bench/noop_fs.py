@@ -141,6 +141,7 @@ def small_files_rate(n: int, writers: int, rounds: int) -> None:
     """Mount the no-op file system in a child process, time `rounds` runs of `n` small
     files by `writers` threads (tools.bench.datapath's workload), print files/s and the
     daemon's CPU per file, unmount."""
+    from .datapath import _small_files
     from .mounting import cpu_seconds
 
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="noopfs-") as tmp:
@@ -155,33 +156,13 @@ def small_files_rate(n: int, writers: int, rounds: int) -> None:
                 raise SystemExit("the no-op file system did not mount")
             for k in range(rounds):
                 c0, t0 = cpu_seconds(child.pid), time.perf_counter()
-                _small_files_named(mnt, n, writers, k)
+                _small_files(mnt, n, writers, prefix=f"r{k}f")  # names of its own per round: one flat directory
                 dt, c1 = time.perf_counter() - t0, cpu_seconds(child.pid)
                 print(f"no-op pyfuse3: {n / dt:.0f} files/s, daemon {1e3 * (c1 - c0) / n:.3f} ms CPU per file")
         finally:
             os.close(r)
             child.send_signal(signal.SIGTERM)
             child.wait(timeout=60)
-
-
-def _small_files_named(d: Path, n: int, writers: int, round_no: int) -> None:
-    """tools.bench.datapath's small-file workload, with names of its own per round (the
-    no-op file system has one flat directory)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from .datapath import SMALL_FILE
-
-    payload = os.urandom(SMALL_FILE)
-
-    def write(first: int) -> None:
-        for i in range(first, n, writers):
-            fd = os.open(d / f"r{round_no}f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, payload)
-            finally:
-                os.close(fd)
-
-    with ThreadPoolExecutor(max_workers=writers) as pool:
-        list(pool.map(write, range(writers)))
 
 
 def main() -> None:
