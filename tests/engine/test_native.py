@@ -8,6 +8,8 @@ import struct
 import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowfs import _native
 
@@ -216,3 +218,23 @@ def test_crc32_mismatch_refuses_bad_tables():
         _native.crc32_mismatch(buf, _crc_table([(0, 10, zlib.crc32(bytes(10))), (990, 11, 0)]))
     with pytest.raises(ValueError, match="24-byte spans"):
         _native.crc32_mismatch(buf, bytes(25))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=20_000), value=st.integers(0, 2**32 - 1), cut=st.integers(0, 20_000))
+def test_crc32_by_isal_is_zlibs_crc32_for_any_bytes_and_start_value(data, value, cut):
+    """_native.crc32 (ISA-L) against the reference, zlib.crc32: whole, from a start value,
+    chained over two pieces, and from any buffer (bytes, bytearray, memoryview)."""
+    assert _native.crc32(data) == zlib.crc32(data)
+    assert _native.crc32(data, value) == zlib.crc32(data, value)
+    a, b = data[:cut], data[cut:]
+    assert _native.crc32(b, _native.crc32(a)) == zlib.crc32(data)
+    assert _native.crc32(bytearray(data)) == _native.crc32(memoryview(data)) == zlib.crc32(data)
+
+
+def test_crc32_of_large_buffers_and_bad_arguments():
+    big = os.urandom((5 << 20) + 3)  # past the GIL-release threshold, odd length
+    assert _native.crc32(big) == zlib.crc32(big)
+    with pytest.raises(TypeError):
+        _native.crc32("text")  # type: ignore[arg-type]
+    assert _native.crc32(b"x", 2**32 + 5) == zlib.crc32(b"x", 2**32 + 5)  # a start value is taken mod 2**32, as zlib does
