@@ -149,7 +149,7 @@ def small_files_rate(n: int, writers: int, rounds: int) -> None:
         mnt.mkdir()
         r, w = os.pipe()
         child = subprocess.Popen([sys.executable, "-m", "tools.bench.noop_fs", str(mnt), "--ready-fd", str(w)],
-                                 pass_fds=(w,))
+                                 pass_fds=(w,), cwd=Path(__file__).resolve().parents[2])  # the repository
         os.close(w)
         try:
             if os.read(r, 1) != b"1":
