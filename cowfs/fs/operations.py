@@ -2,9 +2,10 @@
 
 Handlers run on the trio thread. Anything that may wait on the disk or the
 catalog writer (namespace changes, commits, opens that load extent lists, reads
-of chunk data, snapshots) runs in a worker thread; in-memory work (session
-writes into the stream buffer, attribute lookups on the read connection) runs
-inline. See docs/design.md, "The FUSE layer".
+of chunk data, snapshots) runs in a worker thread, except a create, whose catalog
+change this thread queues and awaits without one (`wait_future`); in-memory work
+(session writes into the stream buffer, attribute lookups on the read connection)
+runs inline. See docs/design.md, "The FUSE layer".
 """
 from __future__ import annotations
 
