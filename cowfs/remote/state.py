@@ -128,14 +128,11 @@ class RemoteState:
 
     def locations(self, chunk_id: bytes) -> list[tuple[str, PackEntry]]:
         """(pack, entry) of every known pack holding the chunk, those no doomed list names first."""
-        rows = self.conn.execute(
-            "SELECT pack, offset, stored_len, raw_len, codec FROM objects WHERE hash=?"
-            " ORDER BY pack IN (SELECT pack FROM doomed), pack", (chunk_id,)).fetchall()
-        return [(str(r[0]), PackEntry(chunk_id, *r[1:])) for r in rows]
+        return [(pack, entry) for pack, _size, entry in self.holders([chunk_id]).get(chunk_id, [])]
 
     def holders(self, hashes: list[bytes]) -> dict[bytes, list[tuple[str, int, PackEntry]]]:
-        """(pack, pack size, entry) of every known pack holding each of `hashes` (the batched
-        `locations`), those no doomed list names first."""
+        """(pack, pack size, entry) of every known pack holding each of `hashes`, those no
+        doomed list names first (a pack and its objects rows come and go together)."""
         out: dict[bytes, list[tuple[str, int, PackEntry]]] = {}
         for i in range(0, len(hashes), 500):
             part = hashes[i:i + 500]

@@ -366,12 +366,18 @@ class Catalog:
                 self._queue.put(change)
                 return change.future.result()
             except sqlite3.DatabaseError as e:
-                if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
-                    raise damaged(self.path, e) or e from None
-                # rolled back: nothing changed
-                if attempt == 2 or op not in FREEING_OPS or not self._release_reserve():
-                    raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
+                # a full device rolled the change back: one that frees space gets the reserve and one more try
+                if (getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL or attempt == 2
+                        or op not in FREEING_OPS or not self._release_reserve()):
+                    raise self._error(e) from None
         raise AssertionError("unreachable")
+
+    def _error(self, e: sqlite3.DatabaseError) -> Exception:
+        """The engine's error for a failed change: NoSpace for a full device, CorruptCatalog for
+        a damaged catalog, else SQLite's own."""
+        if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return NoSpace(f"{self.path}: no space left on device for the catalog")
+        return damaged(self.path, e) or e
 
     def submit(self, fn: Callable[[Txn], T], op: str, durable: bool = True) -> "Future[T]":
         """`write` without waiting, for a caller that must not block (the FUSE thread): the
@@ -387,9 +393,7 @@ class Catalog:
         try:
             return future.result()
         except sqlite3.DatabaseError as e:
-            if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                raise NoSpace(f"{self.path}: no space left on device for the catalog") from None
-            raise damaged(self.path, e) or e from None
+            raise self._error(e) from None
 
     def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) on the writer thread without opening a transaction."""

@@ -279,19 +279,21 @@ class Store(TreeChanges):
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
-        # lock order everywhere: gc_lock, then _mutex (open_reader and gc take them so too)
-        with self.index.gc_lock, self._mutex:
-            if ino in self._sessions:
-                raise Busy(f"inode {ino} already has a write session")
+        def fn(conn, g):  # type: ignore[no-untyped-def]
+            attr = ns.getattr_(conn, ino, g)
+            if not attr.is_file:
+                raise IsADirectory(f"inode {ino} is not a regular file")
+            return attr, load_extents(conn, attr.content_id)
 
-            def fn(conn, g):  # type: ignore[no-untyped-def]
-                attr = ns.getattr_(conn, ino, g)
-                if not attr.is_file:
-                    raise IsADirectory(f"inode {ino} is not a regular file")
-                return attr, load_extents(conn, attr.content_id)
-
+        # lock order everywhere: gc_lock, then _mutex (open_reader and gc take them so too);
+        # the catalog read under gc_lock only, so _mutex (which the FUSE thread takes in
+        # open_created_session) is never held across a read
+        with self.index.gc_lock:
             attr, extents = self._read(fn, None)
-            return SessionHandle(self._new_session(ino, attr.content_id, extents, attr.size))
+            with self._mutex:
+                if ino in self._sessions:
+                    raise Busy(f"inode {ino} already has a write session")
+                return SessionHandle(self._new_session(ino, attr.content_id, extents, attr.size))
 
     def open_created_session(self, attr: Attr) -> WriteSession:
         """The write session of a file this caller just created (`attr`: its empty first

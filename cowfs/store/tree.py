@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def _make_node(parent: int, name: bytes, kind: int, mode: int, uid: int, gid: int, target: bytes | None,
+               rdev: int) -> Callable[[Txn], Attr]:
+    """The change that makes a node and returns its attributes."""
+
+    def fn(txn: Txn) -> Attr:
+        ino = ns.make_node(txn, parent, name, kind, mode, uid, gid, target, rdev)
+        return ns.getattr_(txn.conn, ino, txn.gen)
+
+    return fn
+
+
 class TreeChanges:
     """The tree-changing methods of Store (which provides what is declared here)."""
 
@@ -45,12 +56,7 @@ class TreeChanges:
     def _make(self, op: str, parent: int, name: bytes, kind: int, mode: int, uid: int | None, gid: int | None,
               target: bytes | None = None, durable: bool = True, rdev: int = 0) -> Attr:
         u, g = self._ids(uid, gid)
-
-        def fn(txn: Txn) -> Attr:
-            ino = ns.make_node(txn, parent, name, kind, mode, u, g, target, rdev)
-            return ns.getattr_(txn.conn, ino, txn.gen)
-
-        return self._change(op, fn, durable=durable)
+        return self._change(op, _make_node(parent, name, kind, mode, u, g, target, rdev), durable=durable)
 
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None, durable: bool = True) -> Attr:
         """A new empty regular file; not `durable`: see Catalog.write (the file's first version makes it durable)."""
@@ -60,12 +66,7 @@ class TreeChanges:
         """`create(..., durable=False)` queued for the catalog's writer thread without waiting
         (for the FUSE thread: `catalog.outcome(future)` once it is done). Creates have no
         events (a file's first version has them), so this is the whole change."""
-
-        def fn(txn: Txn) -> Attr:
-            ino = ns.make_node(txn, parent, name, KIND_FILE, mode, uid, gid, None, 0)
-            return ns.getattr_(txn.conn, ino, txn.gen)
-
-        return self.catalog.submit(fn, "create", durable=False)
+        return self.catalog.submit(_make_node(parent, name, KIND_FILE, mode, uid, gid, None, 0), "create", durable=False)
 
     def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> Attr:
         return self._make("mkdir", parent, name, KIND_DIR, mode, uid, gid)

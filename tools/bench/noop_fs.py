@@ -137,10 +137,10 @@ def serve(mountpoint: str, ready: int | None = None) -> None:
         print(" ".join(f"{k}={v}" for k, v in sorted(fs.requests.items())), file=sys.stderr)
 
 
-def small_files_rate(n: int, writers: int, rounds: int) -> None:
+def small_files_rate(n: int, writers: int, rounds: int) -> list[tuple[float, float]]:
     """Mount the no-op file system in a child process, time `rounds` runs of `n` small
-    files by `writers` threads (tools.bench.datapath's workload), print files/s and the
-    daemon's CPU per file, unmount."""
+    files by `writers` threads (tools.bench.datapath's workload), print and return files/s
+    and the daemon's CPU ms per file of each round, unmount."""
     from .datapath import _small_files
     from .mounting import cpu_seconds
 
@@ -151,6 +151,7 @@ def small_files_rate(n: int, writers: int, rounds: int) -> None:
         child = subprocess.Popen([sys.executable, "-m", "tools.bench.noop_fs", str(mnt), "--ready-fd", str(w)],
                                  pass_fds=(w,), cwd=Path(__file__).resolve().parents[2])  # the repository
         os.close(w)
+        rates: list[tuple[float, float]] = []
         try:
             if os.read(r, 1) != b"1":
                 raise SystemExit("the no-op file system did not mount")
@@ -158,11 +159,13 @@ def small_files_rate(n: int, writers: int, rounds: int) -> None:
                 c0, t0 = cpu_seconds(child.pid), time.perf_counter()
                 _small_files(mnt, n, writers, prefix=f"r{k}f")  # names of its own per round: one flat directory
                 dt, c1 = time.perf_counter() - t0, cpu_seconds(child.pid)
-                print(f"no-op pyfuse3: {n / dt:.0f} files/s, daemon {1e3 * (c1 - c0) / n:.3f} ms CPU per file")
+                rates.append((n / dt, 1e3 * (c1 - c0) / n))
+                print(f"no-op pyfuse3: {rates[-1][0]:.0f} files/s, daemon {rates[-1][1]:.3f} ms CPU per file")
         finally:
             os.close(r)
             child.send_signal(signal.SIGTERM)
             child.wait(timeout=60)
+    return rates
 
 
 def main() -> None:

@@ -1,0 +1,16 @@
+"""The benchmark's no-op FUSE file system (tools/bench/noop_fs.py): it mounts, serves the
+small-file workload, and unmounts by itself."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.mount
+
+
+def test_the_no_op_file_system_serves_small_files_and_unmounts():
+    from tools.bench import noop_fs
+
+    rates = noop_fs.small_files_rate(500, 2, 2)
+    assert len(rates) == 2 and all(files_s > 0 and cpu_ms >= 0 for files_s, cpu_ms in rates)
+    with open("/proc/self/mounts") as f:
+        assert "noopfs" not in f.read()
