@@ -1,14 +1,15 @@
-"""Keeping the local log under its limit: after an upload pass, the oldest sealed segments
-whose records are all in the bucket are evicted (store/evict.py does each one safely), until
-the segment files take no more than the store's `local_limit` (docs/design.md, section 17,
-"Capacity"). Reads of an evicted segment fetch from the packs (evicted_reads.py)."""
+"""Keeping the local log under its limit: after an upload pass, sealed segments whose
+records are all in the bucket are evicted (store/evict.py does each one safely), those only
+older versions and snapshots read first (`eviction_order`), until the segment files take no
+more than the store's `local_limit` (docs/design.md, section 17, "Capacity"). Reads of an
+evicted segment fetch from the packs (evicted_reads.py)."""
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..store.evict import BucketRecord, evict_segment, evicted_count, local_segments
+from ..store.evict import BucketRecord, evict_segment, evicted_count, eviction_order
 from ..store.stats import physical_bytes
 from .state import RemoteState
 
@@ -22,6 +23,7 @@ class EvictReport:
     local_bytes: int = 0  # segment files on the local disk after the pass
     segments: int = 0  # evicted by this pass
     bytes: int = 0  # local bytes they took
+    current_bytes: int = 0  # of those, stored bytes of chunks the current tree reads (a resume fetches them)
     evicted_total: int = 0  # segments kept only in the bucket now
     kept: dict[str, int] = field(default_factory=dict)  # why segments over the limit stay: reason -> count
 
@@ -38,14 +40,14 @@ def bucket_records(state: RemoteState, hashes: list[bytes]) -> dict[bytes, list[
 
 
 def evict(store: "Store", state: RemoteState, limit: int) -> EvictReport:
-    """Evict the oldest segments in the bucket until the local segment files fit in `limit`.
-    Only chunks committed by the generation of the newest catalog in the bucket count."""
+    """Evict segments in the bucket, in `eviction_order`, until the local segment files fit in
+    `limit`. Only chunks committed by the generation of the newest catalog in the bucket count."""
     report = EvictReport(limit)
     used = physical_bytes(store.root)
     uploaded_gen = state.last_catalog()
     kept: Counter[str] = Counter()
     if used > limit:
-        for seg_id, size in local_segments(store):
+        for seg_id, size, current in eviction_order(store):
             if used <= limit:
                 break
             why = evict_segment(store, seg_id, lambda hs: bucket_records(state, hs), uploaded_gen)
@@ -53,6 +55,7 @@ def evict(store: "Store", state: RemoteState, limit: int) -> EvictReport:
                 used -= size
                 report.segments += 1
                 report.bytes += size
+                report.current_bytes += current
             else:
                 kept[why] += 1
     report.local_bytes = physical_bytes(store.root)

@@ -23,6 +23,7 @@ from .device import FileSegment, round_up
 from .evicted import RESTORE_SUFFIX, EvictionMap, MapEntry, evicted_ids, map_path, read_map, write_map
 from .layout import FORMAT_VERSION, fsync_dir, segment_path
 from .records import DATA_START, RecordError, check_record, encode_segment_header, record_span
+from .schema import LIVE
 
 if TYPE_CHECKING:
     from .store import Store
@@ -55,6 +56,27 @@ def local_segments(store: "Store") -> list[tuple[int, int]]:
         except FileNotFoundError:
             continue
         out.append((seg_id, st.st_blocks * 512))
+    return out
+
+
+# stored bytes, per segment, of the chunks the current tree's files read (each chunk once)
+_CURRENT_BYTES = (f"SELECT seg_id, sum(stored_len) FROM chunks WHERE cid IN ("
+                  f" SELECT e.cid FROM versions v JOIN extents e ON e.content_id = v.content_id"
+                  f" WHERE v.death_gen = {LIVE} AND v.content_id IS NOT NULL AND e.cid IS NOT NULL)"
+                  f" GROUP BY seg_id")
+
+
+def eviction_order(store: "Store") -> list[tuple[int, int, int]]:
+    """(segment id, bytes on the disk, stored bytes of chunks the current tree reads) of every
+    segment file but the head's, in the order eviction takes them: first the segments only
+    older versions and snapshots read (a resume reads the current tree, so they are the cold
+    ones), oldest first; then the rest, those holding the fewest of the current tree's bytes
+    first. A delta record's base is not counted (the compactor's deltas read a base too)."""
+    current = dict(store.catalog.read(lambda c: c.execute(_CURRENT_BYTES).fetchall()))
+    segs = local_segments(store)
+    age = {seg_id: k for k, (seg_id, _) in enumerate(segs)}
+    out = [(seg_id, size, int(current.get(seg_id, 0))) for seg_id, size in segs]
+    out.sort(key=lambda s: (s[2], age[s[0]]))
     return out
 
 

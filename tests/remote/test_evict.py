@@ -63,6 +63,7 @@ def test_segments_in_the_bucket_are_evicted_and_read_back(tmp_path, rgw, s3_buck
         report = tier_of(s).push()
         ev = report.evicted
         assert ev is not None and ev["segments"] >= 2, ev
+        assert 0 < ev["current_bytes"] <= ev["bytes"], ev  # every file is current: each evicted byte is
         assert physical_bytes(path) == ev["local_bytes"] <= 8 << 20 < before
         assert len(evicted_ids(path)) == ev["evicted_total"] == ev["segments"]
         for seg_id in evicted_ids(path):
@@ -101,7 +102,8 @@ def test_a_history_larger_than_the_local_disk(tmp_path, rgw, s3_bucket):
                 versions.append(data(4 << 20, 100 + k))
                 s.write_file("/run/model.pt", versions[-1])
                 s.snapshot_create(f"v{k}")
-                tier_of(s).push()
+                ev = tier_of(s).push().evicted
+                assert ev is not None and ev["current_bytes"] == 0, "only what the snapshots read goes"
                 assert physical_bytes(path) <= 16 << 20, "one segment over the limit at most (the head)"
             st = os.statvfs(disk)
             assert sum(map(len, versions)) > st.f_blocks * st.f_frsize
