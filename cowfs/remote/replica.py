@@ -3,8 +3,8 @@ side of the remote tier (docs/design.md, section 17).
 
 `Replica` is a `Store` whose catalog is a copy of the producer's (one generation, its chunk
 rows pointed at the packs that hold them) and whose log reads records from packs: ranged
-GETs of `BLOCK`-sized, aligned pieces, kept in a cache on disk (`CACHE/blocks/`), read
-ahead for sequential readers. Every read is checked as a read from a local segment is
+GETs of `BLOCK`-sized, aligned pieces (up to GET_BLOCKS of them in one GET when read
+ahead), kept in a cache on disk (`CACHE/blocks/`), read ahead for sequential readers. Every read is checked as a read from a local segment is
 (record header, chunk id, payload CRC; BLAKE3 of decoded deltas), so a damaged or missing
 object gives EIO, never wrong bytes.
 """
@@ -38,6 +38,7 @@ FETCH_THREADS = 8
 RECENT_BLOCKS = 16  # blocks kept in memory as well (64 MiB)
 AHEAD_BLOCKS = 8  # blocks fetched beyond the range a reader says it will read
 MAX_PENDING_WRITES = 8  # fetched blocks waiting for the cache's disk; beyond, they are not cached
+GET_BLOCKS = 4  # blocks read ahead by one GET (docs/benchmarks.md, "Remote tier": botocore's cost per request)
 
 
 class BlockCache:
@@ -98,34 +99,61 @@ class BlockCache:
                 self._sizes.pop(key, None)
         return self._fetch(key, pack_size).result()
 
-    def prefetch(self, pack: str, n: int, pack_size: int) -> None:
-        key = (pack, n)
-        if n * BLOCK >= pack_size:
-            return
+    def prefetch(self, pack: str, first: int, last: int, pack_size: int) -> None:
+        """Start fetching blocks first..last of a pack that are neither in memory, on the disk
+        nor on their way: each run of such blocks by GETs of up to GET_BLOCKS blocks."""
+        last = min(last, (pack_size - 1) // BLOCK)
+        runs: list[list[tuple[int, Future[bytes]]]] = []
         with self._lock:
-            if key in self._recent or key in self._fetching or key in self._sizes:
-                return
-        self._fetch(key, pack_size)
+            run: list[tuple[int, Future[bytes]]] = []
+            for n in range(first, last + 1):
+                key = (pack, n)
+                if key in self._recent or key in self._fetching or key in self._sizes:
+                    if run:
+                        runs.append(run)
+                        run = []
+                    continue
+                fut = self._fetching[key] = Future()
+                run.append((n, fut))
+                if len(run) == GET_BLOCKS:
+                    runs.append(run)
+                    run = []
+            if run:
+                runs.append(run)
+        for run in runs:
+            self.pool.submit(self._download, pack, run, pack_size)
 
     def _fetch(self, key: tuple[str, int], pack_size: int) -> Future[bytes]:
         with self._lock:
             fut = self._fetching.get(key)
             if fut is None:
                 fut = self._fetching[key] = Future()
-                self.pool.submit(self._download, key, pack_size, fut)
+                self.pool.submit(self._download, key[0], [(key[1], fut)], pack_size)
         return fut
 
-    def _download(self, key: tuple[str, int], pack_size: int, fut: Future[bytes]) -> None:
-        """GET one block and hand it to the readers waiting on `fut` at once; it is written to
-        the disk cache afterwards, by the writer thread (readers never wait on that write)."""
-        start = key[1] * BLOCK
+    def _download(self, pack: str, run: list[tuple[int, Future[bytes]]], pack_size: int) -> None:
+        """GET consecutive blocks of a pack in one request and hand each to the readers waiting
+        on its future as soon as it has arrived; each is written to the disk cache afterwards,
+        by the writer thread (readers never wait on that write)."""
+        start = run[0][0] * BLOCK
+        length = min(len(run) * BLOCK, pack_size - start)
+        done = 0
         try:
-            data = self.bucket.get_range(self.bucket.key("packs", key[0]), start, min(BLOCK, pack_size - start))
+            for data in self.bucket.range_pieces(self.bucket.key("packs", pack), start, length, BLOCK):
+                n, fut = run[done]
+                done += 1
+                self._arrived((pack, n), fut, data)
+            for n, fut in run[done:]:  # blocks past the pack's end: empty
+                done += 1
+                self._arrived((pack, n), fut, b"")
         except BaseException as e:  # noqa: BLE001 - the readers waiting get it
             with self._lock:
-                self._fetching.pop(key, None)
-            fut.set_exception(e)
-            return
+                for n, _ in run[done:]:
+                    self._fetching.pop((pack, n), None)
+            for _, fut in run[done:]:
+                fut.set_exception(e)
+
+    def _arrived(self, key: tuple[str, int], fut: Future[bytes], data: bytes) -> None:
         with self._lock:
             self.fetched_bytes += len(data)
             self._remember(key, data)
@@ -259,8 +287,7 @@ class PackSegment:
 
     def will_need(self, offset: int, length: int) -> None:
         first, last = offset // BLOCK, (offset + max(length, 1) - 1) // BLOCK
-        for n in range(first, min(last, first + 8) + AHEAD_BLOCKS + 1):
-            self.cache.prefetch(self.name, n, self.size)
+        self.cache.prefetch(self.name, first, min(last, first + 8) + AHEAD_BLOCKS, self.size)
 
     def close(self) -> None:
         pass

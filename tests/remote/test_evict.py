@@ -304,3 +304,63 @@ def test_the_block_cache_serves_blocks_its_disk_lost_or_cannot_keep(tmp_path, rg
         assert not cache._sizes
     finally:
         cache.close()
+
+
+def test_blocks_read_ahead_come_in_runs_of_one_get_and_a_drop_mid_run_fails_only_the_rest(tmp_path, rgw, s3_bucket):
+    """Read-ahead asks for blocks n..m: each run of missing blocks is one ranged GET of up to
+    GET_BLOCKS blocks, each block handed over as it arrives; a connection dropped after the
+    first block of a run fails only the blocks not yet arrived, and they are fetched again."""
+    from cowfs.errors import RemoteError as Dropped
+    from cowfs.remote.replica import BLOCK, GET_BLOCKS, BlockCache
+    from cowfs.remote.s3 import Bucket
+
+    bucket = Bucket(RemoteConfig(f"s3://{s3_bucket.name}/r", endpoint=rgw.credentials.endpoint))
+    pack = "r" * 64
+    blob = data(9 * BLOCK + 100, 8)  # 10 blocks, the last one short
+    bucket.put(bucket.key("packs", pack), blob)
+    gets: list[tuple[int, int]] = []
+    real = bucket.range_pieces
+
+    def counted(key, start, length, piece):  # type: ignore[no-untyped-def]
+        gets.append((start // BLOCK, length))
+        return real(key, start, length, piece)
+
+    bucket.range_pieces = counted  # type: ignore[method-assign]
+    cache = BlockCache(tmp_path / "blocks", bucket, 256 << 20)
+    try:
+        assert cache.block(pack, 1, len(blob)) == blob[BLOCK:2 * BLOCK]  # a miss: one block alone
+        cache.prefetch(pack, 0, 12, len(blob))  # past the end: clamped to the pack's last block
+        waiting = dict(cache._fetching)
+        for f in waiting.values():
+            f.result(timeout=60)
+        assert gets[0] == (1, BLOCK)
+        runs = sorted(gets[1:])  # the pool's threads GET them in any order
+        assert runs == [(0, BLOCK), (2, GET_BLOCKS * BLOCK), (2 + GET_BLOCKS, 3 * BLOCK + 100)], gets
+        for n in range(10):
+            assert cache.block(pack, n, len(blob)) == blob[n * BLOCK:(n + 1) * BLOCK]
+        cache.prefetch(pack, 0, 9, len(blob))
+        assert len(gets) == 4 and not cache._fetching  # all there: nothing fetched again
+    finally:
+        cache.close()
+
+    def dropping(key, start, length, piece):  # type: ignore[no-untyped-def]
+        pieces = real(key, start, length, piece)
+        yield next(pieces)
+        pieces.close()
+        raise Dropped("the connection dropped while reading (test)")
+
+    bucket.range_pieces = dropping  # type: ignore[method-assign]
+    cache = BlockCache(tmp_path / "blocks2", bucket, 256 << 20)
+    try:
+        cache.prefetch(pack, 0, GET_BLOCKS - 1, len(blob))
+        futures = [cache._fetching[(pack, n)] for n in range(GET_BLOCKS)]
+        assert futures[0].result(timeout=60) == blob[:BLOCK]
+        for f in futures[1:]:
+            with pytest.raises(Dropped):
+                f.result(timeout=60)
+        assert not cache._fetching
+        bucket.range_pieces = real  # type: ignore[method-assign]
+        for n in range(GET_BLOCKS):  # the failed ones are fetched again on demand
+            assert cache.block(pack, n, len(blob)) == blob[n * BLOCK:(n + 1) * BLOCK]
+    finally:
+        cache.close()
