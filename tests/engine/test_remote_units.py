@@ -3,8 +3,10 @@ doomed lists (remote gc)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
+import zlib
 
 import pytest
 
@@ -265,3 +267,12 @@ def test_remote_db_of_the_layout_before_gc_is_emptied(tmp_path):
     st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")  # the new layout is kept
     assert not st.reset and st.known_packs() == {name}
     st.close()
+
+
+def test_the_s3_checksum_is_zlibs_crc32_big_endian_in_base64() -> None:
+    import base64
+
+    from cowfs.remote.s3 import _crc32
+
+    for body in (b"", b"a", bytes(range(256)) * 1000, os.urandom(70000)):
+        assert base64.b64decode(_crc32(body)) == zlib.crc32(body).to_bytes(4, "big")

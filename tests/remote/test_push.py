@@ -180,3 +180,41 @@ def test_bad_settings_are_one_line_errors_and_change_nothing(tmp_path, rgw, s3_b
         with pytest.raises(RemoteError, match="no remote set"):
             tier.push()
     assert_clean(path)
+
+
+def test_large_objects_go_up_in_parts_with_their_checksums_and_a_failed_part_leaves_no_upload(
+        tmp_path, rgw, s3_bucket, monkeypatch):
+    """Above PART_SIZE an object goes up as a multipart upload whose parts each carry their
+    CRC-32; a part that fails aborts the upload (no incomplete upload left behind) and the
+    put is one RemoteError line; the next put of the same object succeeds."""
+    from cowfs.remote import s3 as s3mod
+
+    bucket = Bucket(RemoteConfig(f"s3://{s3_bucket.name}/big", endpoint=rgw.credentials.endpoint))
+    blob = data(2 * s3mod.PART_SIZE + 12345, 9)
+    sent: list[tuple[int, str]] = []
+    real_part = bucket.client.upload_part
+
+    def recorded(**kw):  # type: ignore[no-untyped-def]
+        sent.append((kw["PartNumber"], kw["ChecksumCRC32"]))
+        return real_part(**kw)
+
+    monkeypatch.setattr(bucket.client, "upload_part", recorded)
+    bucket.put(bucket.key("packs", "a" * 64), blob)
+    assert bucket.get(bucket.key("packs", "a" * 64)) == blob
+    parts = [blob[k * s3mod.PART_SIZE:(k + 1) * s3mod.PART_SIZE] for k in range(3)]
+    assert sorted(sent) == [(k + 1, s3mod._crc32(p)) for k, p in enumerate(parts)]
+
+    def failing(**kw):  # type: ignore[no-untyped-def]
+        if kw["PartNumber"] == 2:
+            raise ConnectionResetError("the engine went away (test)")
+        return real_part(**kw)
+
+    monkeypatch.setattr(bucket.client, "upload_part", failing)
+    with pytest.raises(RemoteError) as err:
+        bucket.put(bucket.key("packs", "b" * 64), blob)
+    assert "\n" not in str(err.value) and "ConnectionResetError" in str(err.value)
+    assert not list(bucket.incomplete_uploads(bucket.key("")))
+    assert not bucket.exists(bucket.key("packs", "b" * 64))
+    monkeypatch.setattr(bucket.client, "upload_part", real_part)
+    bucket.put(bucket.key("packs", "b" * 64), blob)
+    assert bucket.get(bucket.key("packs", "b" * 64)) == blob
