@@ -18,10 +18,9 @@ from ..errors import RemoteError, StoreError
 from ..store.log import Location, location
 from ..store.schema import SCHEMA_VERSION
 from .config import REMOTE_STATE_FILE, RemoteConfig
-from .packs import decode_index, is_pack_name
-from .s3 import Bucket, MissingObject
+from .s3 import Bucket
 from .state import RemoteState
-from .upload import decode_catalog
+from .upload import decode_catalog, indexed_packs, read_index
 
 CATALOG_SUFFIX = ".db.zst"
 
@@ -73,15 +72,13 @@ class ReplicaSource:
         remote gc deleted them; a consumer never writes to the bucket)."""
         with self._lock:
             known = self.state.known_packs()
-        prefix = self.bucket.key("index", "")
-        listed = {o.key[len(prefix):] for o in self.bucket.list(prefix) if is_pack_name(o.key[len(prefix):])}
+        listed = indexed_packs(self.bucket)
         with self._lock:
             self.state.forget_packs(known - listed)
         n = 0
         for name in sorted(listed - known):
-            try:
-                idx = decode_index(self.bucket.get(self.bucket.key("index", name)), expect_name=name)
-            except MissingObject:  # swept since the listing
+            idx = read_index(self.bucket, name)
+            if idx is None:
                 continue
             with self._lock:
                 self.state.add_pack(name, idx.size, idx.entries, mine=False)

@@ -39,7 +39,7 @@ from ..store.layout import CATALOG_FILE
 from ..store.log import Location
 from ..store.records import RecordError, check_record
 from .doomed import MIN_GRACE, look_at_gc
-from .packs import PackBuilder, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
+from .packs import PackBuilder, PackIndex, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
 from .state import RemoteState
 
@@ -60,6 +60,21 @@ def pack_key(bucket: Bucket, name: str) -> str:
 
 def index_key(bucket: Bucket, name: str) -> str:
     return bucket.key("index", name)
+
+
+def indexed_packs(bucket: Bucket) -> set[str]:
+    """The names of the packs whose index object is in the bucket (one listing of `index/`)."""
+    prefix = index_key(bucket, "")
+    return {obj.key[len(prefix):] for obj in bucket.list(prefix) if is_pack_name(obj.key[len(prefix):])}
+
+
+def read_index(bucket: Bucket, name: str) -> PackIndex | None:
+    """A pack's index from the bucket, checked against its name; None if it is gone (a sweep
+    deleted it since the listing that named it)."""
+    try:
+        return decode_index(bucket.get(index_key(bucket, name)), expect_name=name)
+    except MissingObject:
+        return None
 
 
 def catalog_key(bucket: Bucket, store_uuid: str, gen: int) -> str:
@@ -109,8 +124,7 @@ def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: boo
         return look
     look.indexes_listed = True
     known = state.known_packs()
-    prefix = bucket.key("index", "")
-    indexed = {obj.key[len(prefix):] for obj in bucket.list(prefix) if is_pack_name(obj.key[len(prefix):])}
+    indexed = indexed_packs(bucket)
     stored: set[str] | None = None
     if adopt:
         pprefix = bucket.key("packs", "")
@@ -121,9 +135,8 @@ def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: boo
     for name in sorted(indexed - known):
         if stored is not None and name not in stored:
             continue  # an index whose pack is gone: nothing to read from
-        try:
-            idx = decode_index(bucket.get(index_key(bucket, name)), expect_name=name)
-        except MissingObject:  # deleted since the listing (a sweep)
+        idx = read_index(bucket, name)
+        if idx is None:
             continue
         state.add_pack(name, idx.size, idx.entries, mine=False)
         look.indexes_read += 1
