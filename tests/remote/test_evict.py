@@ -364,3 +364,50 @@ def test_blocks_read_ahead_come_in_runs_of_one_get_and_a_drop_mid_run_fails_only
             assert cache.block(pack, n, len(blob)) == blob[n * BLOCK:(n + 1) * BLOCK]
     finally:
         cache.close()
+
+
+def test_the_block_cache_writes_without_o_direct_where_it_is_refused_and_skips_writes_when_behind(
+        tmp_path, rgw, s3_bucket, monkeypatch):
+    """A cache directory on a file system that refuses O_DIRECT (EINVAL at open) still keeps
+    whole, checked blocks (written through the page cache); with MAX_PENDING_WRITES blocks
+    already waiting for the disk, a fetched block is served and not cached."""
+    import errno as _errno
+
+    from cowfs.remote import replica
+    from cowfs.remote.replica import BLOCK, BlockCache
+    from cowfs.remote.s3 import Bucket
+
+    bucket = Bucket(RemoteConfig(f"s3://{s3_bucket.name}/w", endpoint=rgw.credentials.endpoint))
+    pack = "w" * 64
+    blob = data(2 * BLOCK + 7, 11)
+    bucket.put(bucket.key("packs", pack), blob)
+    real_open = os.open
+    refused: list[str] = []
+
+    def no_direct(path, flags, mode=0o777, *, dir_fd=None):  # type: ignore[no-untyped-def]
+        if flags & os.O_DIRECT:
+            refused.append(str(path))
+            raise OSError(_errno.EINVAL, "O_DIRECT refused (test)")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(replica.os, "open", no_direct)
+    cache = BlockCache(tmp_path / "blocks", bucket, 64 << 20)
+    try:
+        for n in range(3):
+            assert cache.block(pack, n, len(blob)) == blob[n * BLOCK:(n + 1) * BLOCK]
+        cache.writer.submit(lambda: None).result()
+        for n in range(3):
+            raw = (tmp_path / "blocks" / pack / str(n)).read_bytes()
+            assert raw[:-4] == blob[n * BLOCK:(n + 1) * BLOCK]
+            assert raw[-4:] == replica._native.crc32(raw[:-4]).to_bytes(4, "little")
+        assert sorted(cache._sizes) == [(pack, n) for n in range(3)] and len(refused) == 3
+    finally:
+        cache.close()
+    monkeypatch.setattr(replica, "MAX_PENDING_WRITES", 0)
+    cache = BlockCache(tmp_path / "blocks2", bucket, 64 << 20)
+    try:
+        assert cache.block(pack, 2, len(blob)) == blob[2 * BLOCK:]
+        cache.writer.submit(lambda: None).result()
+        assert not cache._sizes and not (tmp_path / "blocks2" / pack).exists()
+    finally:
+        cache.close()
