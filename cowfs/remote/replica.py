@@ -4,9 +4,9 @@ side of the remote tier (docs/design.md, section 17).
 `Replica` is a `Store` whose catalog is a copy of the producer's (one generation, its chunk
 rows pointed at the packs that hold them) and whose log reads records from packs: ranged
 GETs of `BLOCK`-sized, aligned pieces (up to GET_BLOCKS of them in one GET when read
-ahead), kept in a cache on disk (`CACHE/blocks/`), read ahead for sequential readers. Every read is checked as a read from a local segment is
-(record header, chunk id, payload CRC; BLAKE3 of decoded deltas), so a damaged or missing
-object gives EIO, never wrong bytes.
+ahead), kept in a cache on disk (`CACHE/blocks/`), read ahead for sequential readers.
+Every read is checked as a read from a local segment is (record header, chunk id, payload
+CRC; BLAKE3 of decoded deltas), so a damaged or missing object gives EIO, never wrong bytes.
 """
 from __future__ import annotations
 
