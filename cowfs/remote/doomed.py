@@ -119,11 +119,12 @@ def list_doomed(bucket: Bucket, read: bool = True) -> list[ListedDoomed]:
     return sorted(out, key=lambda d: (d.modified, d.name))
 
 
-def look_at_gc(bucket: Bucket, state: RemoteState) -> set[str]:
+def look_at_gc(bucket: Bucket, state: RemoteState) -> tuple[set[str], set[str]]:
     """Note in remote.db which packs the doomed lists in gc/ name now (a list already read is
     not fetched again: it is immutable). Returns the lists noted before and gone now (swept:
-    the packs they named may be deleted). A damaged list is left out with a warning: no sweep
-    deletes anything by it either."""
+    the packs they named may be deleted), and the lists new since the last look (their packs
+    are doomed from now on). A damaged list is left out with a warning: no sweep deletes
+    anything by it either."""
     known = state.doomed_lists()
     lists: dict[str, list[str]] = {}
     for d in list_doomed(bucket, read=False):
@@ -137,4 +138,4 @@ def look_at_gc(bucket: Bucket, state: RemoteState) -> set[str]:
         except MissingObject:  # swept since the listing
             pass
     state.set_doomed(lists)
-    return known - set(lists)
+    return known - set(lists), set(lists) - known

@@ -107,7 +107,14 @@ class Look:
     indexes_read: int = 0
     adopted: int = 0
     forgotten: int = 0
+    doomed_lists: int = 0  # doomed lists new since the last look
     indexes_listed: bool = False
+
+    @property
+    def lost_holders(self) -> bool:
+        """Did this look take packs away from what holds chunks (forgotten or newly doomed)?
+        If not, a catalog copy that needed nothing more before it needs nothing more now."""
+        return bool(self.forgotten or self.doomed_lists)
 
 
 def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: bool = True) -> Look:
@@ -119,7 +126,8 @@ def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: boo
     named it, so a pack this look sees neither doomed nor gone was not being deleted by a
     list it missed."""
     look = Look()
-    swept = look_at_gc(bucket, state)
+    swept, noted = look_at_gc(bucket, state)
+    look.doomed_lists = len(noted)
     if not indexes and not swept:
         return look
     look.indexes_listed = True
@@ -313,6 +321,8 @@ class _Uploader:
             if look.indexes_listed:
                 looked = t
             self.report.forgotten += look.forgotten
+            if not look.lost_holders:  # new packs only add holders: the copy still lacks nothing
+                return looked
             need = [h for h, _ in self.state.missing_chunks(copy)]
             if not need:
                 return looked
