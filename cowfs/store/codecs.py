@@ -26,15 +26,17 @@ turns into flipped bits above it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import _native
 from ..errors import CorruptData
 from .records import CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
-_blosc2_module: Any = None
+if TYPE_CHECKING:
+    import numpy as np
+
+_blosc2_module: Any = None  # imported at first use, as numpy is in the functions below: the
+# CLI's commands import the store without encoding or decoding anything (0.05 s of start-up)
 
 
 def _blosc2() -> Any:
@@ -81,6 +83,7 @@ def _grouped(data: bytes | memoryview, elem_size: int) -> bytes:
 
 def xor_bytes(a: bytes | memoryview, b: bytes | memoryview) -> np.ndarray:
     """a XOR b (same length), as uint8 (computed 8 bytes at a time where the length allows)."""
+    import numpy as np
     n = len(a)
     if len(b) != n:
         raise ValueError(f"xor of {n} and {len(b)} bytes")
@@ -106,6 +109,7 @@ def encode_whole(raw: bytes | memoryview, elem_size: int) -> Encoded:
 def sub_bytes(a: bytes | memoryview, b: bytes | memoryview, elem_size: int) -> np.ndarray:
     """zigzag(a - b) per element (signed, wrapping), as bytes of the same length (in C:
     _native.sub_zigzag, 20-50x numpy's temporaries, GIL released)."""
+    import numpy as np
     out = np.empty(len(a), np.uint8)
     _native.sub_zigzag(a, b, out, elem_size)
     return out
@@ -166,6 +170,7 @@ def decode_into(codec: int, payload: bytes | memoryview, dest: memoryview,
     decodes into its window without a copy. `base_raw(id)` gives a base chunk's raw bytes.
     Malformed payloads raise CorruptData; the caller checks `dest` against the chunk id
     (BLAKE3), so a damaged base never yields wrong bytes."""
+    import numpy as np
     raw_len = len(dest)
     if codec == CODEC_RAW:
         if len(payload) != raw_len:
@@ -203,6 +208,7 @@ def _typesize(packed: bytes | memoryview) -> int:
 def _unpack_into(packed: bytes | memoryview, dest: memoryview) -> np.ndarray:
     """Decompress a Blosc2 chunk into `dest`, which its header must say it fills exactly;
     `dest` as a uint8 array."""
+    import numpy as np
     blosc2 = _blosc2()
     try:
         nbytes, cbytes, _block = blosc2.get_cbuffer_sizes(packed)
