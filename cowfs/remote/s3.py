@@ -183,7 +183,9 @@ class Bucket:
                 self._put_parts(key, view)
         except (bexc.BotoCoreError, bexc.ClientError) as e:
             raise self._error(e, what) from None
-        except (OSError, ValueError) as e:  # below botocore (a socket, a body it could not send)
+        except RemoteError:
+            raise
+        except Exception as e:  # noqa: BLE001 - below botocore (a socket, a part's thread): one line too
             raise RemoteError(f"{self.where}: {type(e).__name__} while {what}") from None
 
     def _put_parts(self, key: str, view: memoryview) -> None:
@@ -214,14 +216,7 @@ class Bucket:
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Bytes start..start+length of an object (one ranged GET)."""
-        if length <= 0:
-            return b""
-        resp = self._call(f"reading {key}", self.client.get_object, Bucket=self.address.bucket, Key=key,
-                          Range=f"bytes={start}-{start + length - 1}")
-        data = self._body(resp, key)
-        if len(data) != length:
-            raise RemoteError(f"{self.where}: {key} is shorter than expected ({start + len(data)} bytes)")
-        return data
+        return b"".join(self.range_pieces(key, start, length, max(length, 1)))  # one piece: no copy
 
     def range_pieces(self, key: str, start: int, length: int, piece: int) -> Iterator[bytes]:
         """Bytes start..start+length of an object by one ranged GET, yielded in pieces of

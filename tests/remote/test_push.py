@@ -31,7 +31,17 @@ def aws_env(rgw, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
 
 
-def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3_bucket):
+def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3_bucket, monkeypatch):
+    from cowfs.remote.state import RemoteState
+
+    queries: list[object] = []
+    real_missing = RemoteState.missing_chunks
+
+    def counted(self, copy):  # type: ignore[no-untyped-def]
+        queries.append(copy)
+        return real_missing(self, copy)
+
+    monkeypatch.setattr(RemoteState, "missing_chunks", counted)
     path = new_store(tmp_path / "s")
     with Store.open(path) as s:
         s.mkdir(ROOT_INO, b"run")
@@ -49,8 +59,12 @@ def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3
         assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": data(3 << 20, 1), "/run/b.bin": data(1 << 20, 2) * 2}
         # a new version: only its new chunks go up
         s.write_file("/run/a.bin", data(3 << 20, 1)[:2 << 20] + data(1 << 20, 3))
+        queries.clear()
         second = tier_of(s).push()
         assert 0 < second.bytes < 2 << 20
+        # no remote gc meanwhile: the looks after the packs took no holder away, so what the
+        # catalog copy needs was queried once (design.md section 17, pass step 5)
+        assert len(queries) == 1
         assert read_back(cfg, s.config.store_uuid, tmp_path)["/run/a.bin"] == data(3 << 20, 1)[:2 << 20] + data(1 << 20, 3)
         assert tier_of(s).status()["catalog_generation"] == s.generation
     assert_clean(path)
