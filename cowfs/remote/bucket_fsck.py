@@ -1,5 +1,6 @@
 """`cowfs remote fsck`: does the bucket hold every chunk the store's retained catalog objects
-need? For each catalog object (the newest and the older ones kept), every chunk some body
+need? For each whole catalog object and the deltas after it (the catalog the newest of them
+leads to: catalogs.chain_ends, materialize), every chunk some body
 uses (extents, with the delta bases they decode from) must be in a pack whose index reads
 back and whose object exists with the size the index gives. `deep` also reads each pack
 holding such a chunk: its BLAKE3 against its name, every record (header, payload CRC), the
@@ -23,7 +24,7 @@ from ..errors import CorruptData, RemoteError
 from ..store import namespace as ns
 from ..store.fsck import Problem
 from ..store.records import HEADER_SIZE, RecordError, check_record
-from .catalogs import CatalogObject, fetch_catalog, retained_catalogs
+from .catalogs import CatalogObject, chain_ends, materialize, retained_catalogs
 from .packs import PackIndex, decode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
 
@@ -222,13 +223,14 @@ def check(bucket: Bucket, store_uuid: str, tmpdir: Path, deep: bool = False,
         chk = _Check(bucket, work, report)
         chk.indexes()
         copies: list[tuple[CatalogObject, Path]] = []
-        for cat in retained_catalogs(bucket, store_uuid):
+        for chain in chain_ends(retained_catalogs(bucket, store_uuid)):
+            cat = chain[-1]
             copy = work / f"catalog-{cat.generation}.db"
             try:
-                if not fetch_catalog(bucket, cat.key, copy):
+                if not materialize(bucket, chain, copy):
                     continue  # replaced by a newer one since the listing
             except RemoteError as e:
-                report.problems.append(Problem("catalog", str(e)))
+                report.problems.append(Problem("catalog", f"{cat.key}: {e}" if cat.key not in str(e) else str(e)))
                 continue
             chk.needed(copy)
             copies.append((cat, copy))

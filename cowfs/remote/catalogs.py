@@ -1,6 +1,8 @@
-"""The catalog objects in a bucket prefix, `stores/UUID/catalog/G.db.zst`, read back: which
-are retained, one fetched into a local SQLite file, and the set of chunk hashes all of them
-hold (what remote gc keeps), gathered on disk in a scratch database rather than in memory.
+"""The catalog objects in a bucket prefix, `stores/UUID/catalog/G.db.zst` (whole) and
+`stores/UUID/catalog/G.from-F.delta.zst` (deltas), read back: which are retained, one
+fetched into a local SQLite file, the chain of objects that leads to a generation and the
+catalog it makes, and the set of chunk hashes all of them hold (what remote gc keeps),
+gathered on disk in a scratch database rather than in memory.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from types import TracebackType
 import zstandard
 
 from ..errors import RemoteError
+from .deltas import apply_delta
 from .s3 import Bucket, MissingObject
 
-_CATALOG = re.compile(r"^([0-9a-f-]{36})/catalog/(\d{16})\.db\.zst$")
+_CATALOG = re.compile(r"^([0-9a-f-]{36})/catalog/(\d{16})(?:\.from-(\d{16})\.delta\.zst|\.db\.zst)$")
 
 
 @dataclass(frozen=True)
@@ -26,18 +29,21 @@ class CatalogObject:
     generation: int
     key: str
     size: int
+    from_gen: int | None = None  # a delta: the generation it starts from; None: a whole catalog
 
 
 def retained_catalogs(bucket: Bucket, store_uuid: str | None = None) -> list[CatalogObject]:
-    """Every catalog object under `stores/` (of one store, if given), by store then generation."""
+    """Every catalog object under `stores/` (of one store, if given), whole ones and deltas,
+    by store then generation (a delta after the whole catalog of its generation)."""
     prefix = bucket.key("stores", store_uuid, "") if store_uuid else bucket.key("stores", "")
     top = bucket.key("stores", "")
     out = []
     for obj in bucket.list(prefix):
         m = _CATALOG.match(obj.key[len(top):])
         if m:
-            out.append(CatalogObject(m.group(1), int(m.group(2)), obj.key, obj.size))
-    return sorted(out, key=lambda c: (c.store_uuid, c.generation))
+            out.append(CatalogObject(m.group(1), int(m.group(2)), obj.key, obj.size,
+                                     int(m.group(3)) if m.group(3) else None))
+    return sorted(out, key=lambda c: (c.store_uuid, c.generation, c.from_gen is not None, c.from_gen or 0))
 
 
 def fetch_catalog(bucket: Bucket, key: str, dest: Path) -> bool:
@@ -108,3 +114,76 @@ class LiveSet:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def chain_to(objects: list[CatalogObject], gen: int, have: set[int]) -> list[CatalogObject] | None:
+    """The catalog objects that lead to generation `gen`, in the order to apply them: deltas
+    from one of the generations in `have` (catalogs the reader holds), or a whole catalog
+    and the deltas after it; the fewest objects, a held start preferred. None if none leads
+    there (the objects it would need were deleted)."""
+    wholes = {c.generation: c for c in objects if c.from_gen is None}
+    into: dict[int, list[CatalogObject]] = {}
+    for c in objects:
+        if c.from_gen is not None:
+            into.setdefault(c.generation, []).append(c)
+    frontier: list[tuple[int, list[CatalogObject]]] = [(gen, [])]
+    seen = {gen}
+    while frontier:
+        for g, path in frontier:
+            if g in have:
+                return path
+        for g, path in frontier:
+            if g in wholes:
+                return [wholes[g], *path]
+        nxt = []
+        for g, path in frontier:
+            for d in into.get(g, []):
+                assert d.from_gen is not None
+                if d.from_gen not in seen:
+                    seen.add(d.from_gen)
+                    nxt.append((d.from_gen, [d, *path]))
+        frontier = nxt
+    return None
+
+
+def chain_ends(objects: list[CatalogObject]) -> list[list[CatalogObject]]:
+    """For each whole catalog, the objects leading from it to the newest generation its
+    deltas reach: what a check of the retained catalogs materializes."""
+    out = []
+    wholes = [c for c in objects if c.from_gen is None]
+    for i, w in enumerate(wholes):
+        last = wholes[i + 1].generation if i + 1 < len(wholes) else None
+        reach = [c.generation for c in objects if c.from_gen is not None and c.generation > w.generation
+                 and (last is None or c.generation <= last)]
+        best = None
+        for g in sorted(set(reach), reverse=True):
+            best = chain_to([c for c in objects if c is w or c.from_gen is not None], g, set())
+            if best is not None and best[0] is w:
+                break
+            best = None
+        out.append(best or [w])
+    return out
+
+
+def materialize(bucket: Bucket, chain: list[CatalogObject], dest: Path) -> bool:
+    """The catalog a chain (a whole catalog, then deltas) leads to, at `dest`; False if one
+    of its objects was deleted since it was listed."""
+    if not fetch_catalog(bucket, chain[0].key, dest):
+        return False
+    gen = chain[0].generation
+    part = dest.with_name(dest.name + ".delta")
+    try:
+        for d in chain[1:]:
+            if not fetch_catalog(bucket, d.key, part):
+                return False
+            conn = sqlite3.connect(dest, isolation_level=None)
+            try:
+                conn.execute("ATTACH DATABASE ? AS d", (str(part),))
+                conn.execute("BEGIN")
+                gen = apply_delta(conn, gen)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+    finally:
+        part.unlink(missing_ok=True)
+    return True

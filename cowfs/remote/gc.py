@@ -192,7 +192,7 @@ def collect(store: "Store", bucket: Bucket, state: RemoteState, grace: float = D
     check_grace(grace)
     t0 = time.monotonic()
     report = GcReport(grace_seconds=grace)
-    report.generation = push(store, bucket, state, progress=progress).generation
+    report.generation = push(store, bucket, state, progress=progress, whole=True).generation
     tmpdir = store.root / "tmp"
     sweep(bucket, state, tmpdir, grace, report)
     mark(bucket, state, tmpdir, grace, store.config.store_uuid, report)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from .deltas import Mark
 from .packs import PackEntry
 
 STATE_SCHEMA = 2  # meta 'schema'; a file of another version is emptied at open (a cache)
@@ -39,10 +40,13 @@ CREATE TABLE IF NOT EXISTS objects (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS objects_pack ON objects(pack);
 CREATE TABLE IF NOT EXISTS catalogs (
-  gen         INTEGER PRIMARY KEY, -- the store generation the catalog object holds
-  key         TEXT NOT NULL,       -- its object key
+  key         TEXT PRIMARY KEY,    -- the catalog object's key
+  gen         INTEGER NOT NULL,    -- the store generation it holds (a delta: leads to)
+  from_gen    INTEGER,             -- a delta: the generation it starts from; NULL: a whole catalog
   size        INTEGER NOT NULL,    -- compressed bytes
-  uploaded_ns INTEGER NOT NULL
+  uploaded_ns INTEGER NOT NULL,
+  epoch       TEXT,                -- the change log's mark when its rows were read (deltas.Mark)
+  seq         INTEGER
 );
 CREATE TABLE IF NOT EXISTS doomed (
   pack TEXT NOT NULL,            -- a pack named by a doomed list in gc/ at the last look (remote gc)
@@ -78,6 +82,8 @@ class RemoteState:
 
     def _drop_other_schema(self) -> bool:
         tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "catalogs" in tables and "from_gen" not in {r[1] for r in self.conn.execute("PRAGMA table_info(catalogs)")}:
+            self.conn.execute("DROP TABLE catalogs")  # whole catalogs only, before deltas: the next pass uploads one
         if "meta" not in tables:
             return False
         row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
@@ -109,12 +115,15 @@ class RemoteState:
                                   [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries])
 
     def forget_packs(self, names: Iterable[str]) -> int:
-        """Drop packs that are no longer in the bucket (a remote gc deleted them); returns how many were known."""
+        """Drop packs that are no longer in the bucket (a remote gc deleted them); returns how
+        many were known. If any was, the next pass checks a whole catalog (`base_due`)."""
         gone = 0
         with self.txn():
             for name in names:
                 self.conn.execute("DELETE FROM objects WHERE pack=?", (name,))
                 gone += self.conn.execute("DELETE FROM packs WHERE name=?", (name,)).rowcount
+            if gone:
+                self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('full_check', ?)", (time.time_ns(),))
         return gone
 
     def has(self, hashes: list[bytes]) -> set[bytes]:
@@ -196,14 +205,51 @@ class RemoteState:
         row = self.conn.execute("SELECT max(gen) FROM catalogs").fetchone()
         return int(row[0] or 0)
 
-    def add_catalog(self, gen: int, key: str, size: int) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO catalogs VALUES (?, ?, ?, ?)", (gen, key, size, time.time_ns()))
+    def add_catalog(self, key: str, gen: int, from_gen: int | None, size: int, mark: Mark | None) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO catalogs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (key, gen, from_gen, size, time.time_ns(), mark and mark.epoch, mark and mark.seq))
 
     def catalogs(self) -> list[tuple[int, str]]:
-        return [(int(g), str(k)) for g, k in self.conn.execute("SELECT gen, key FROM catalogs ORDER BY gen")]
+        """(generation, key) of every catalog object noted, oldest first (a delta after the
+        whole catalog of its generation)."""
+        return [(int(g), str(k)) for g, k in self.conn.execute(
+            "SELECT gen, key FROM catalogs ORDER BY gen, from_gen IS NOT NULL, key")]
 
-    def forget_catalogs(self, gens: list[int]) -> None:
-        self.conn.executemany("DELETE FROM catalogs WHERE gen=?", [(g,) for g in gens])
+    def since(self) -> tuple[int, Mark] | None:
+        """(generation, mark) of the newest catalog object whose mark is known: what the next
+        delta starts from."""
+        row = self.conn.execute("SELECT gen, epoch, seq FROM catalogs WHERE epoch IS NOT NULL"
+                                " ORDER BY gen DESC LIMIT 1").fetchone()
+        return None if row is None else (int(row[0]), Mark(str(row[1]), int(row[2])))
+
+    def newest_whole(self) -> int | None:
+        """The generation of the newest whole catalog noted."""
+        row = self.conn.execute("SELECT max(gen) FROM catalogs WHERE from_gen IS NULL").fetchone()
+        return None if row[0] is None else int(row[0])
+
+    def chain(self) -> tuple[int, int, int] | None:
+        """(bytes of the newest whole catalog, bytes and number of the deltas after it)."""
+        row = self.conn.execute("SELECT gen, size FROM catalogs WHERE from_gen IS NULL ORDER BY gen DESC LIMIT 1"
+                                ).fetchone()
+        if row is None:
+            return None
+        n, size = self.conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM catalogs WHERE from_gen IS NOT NULL"
+                                    " AND gen > ?", (row[0],)).fetchone()
+        return int(row[1]), int(size), int(n)
+
+    def full_check_due(self) -> int | None:
+        """When a pack was last forgotten, if no whole catalog went up since (ns), else None."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key='full_check'").fetchone()
+        return None if row is None else int(row[0])
+
+    def full_check_done(self, since: int | None) -> None:
+        """A whole catalog read after `full_check_due` gave `since` went up: clear the flag
+        unless a pack was forgotten after that."""
+        if since is not None:
+            self.conn.execute("DELETE FROM meta WHERE key='full_check' AND value=?", (since,))
+
+    def forget_catalogs(self, keys: list[str]) -> None:
+        self.conn.executemany("DELETE FROM catalogs WHERE key=?", [(k,) for k in keys])
 
     def totals(self) -> dict[str, int]:
         packs, size, mine_size = self.conn.execute(

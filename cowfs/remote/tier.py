@@ -17,6 +17,7 @@ from ..errors import RemoteError
 from ..store.evict import evicted_count, restore_all
 from ..store.stats import physical_bytes
 from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
+from . import deltas
 from .evict import evict
 from .bucket_fsck import check as check_bucket
 from .gc import DEFAULT_GRACE, collect
@@ -86,22 +87,24 @@ class RemoteTier:
         self._refuse_if_evicted("unset the remote")
         with self._lock:
             self._config, self._bucket = None, None
-            return remove_remote_config(self.store.root)
+            removed = remove_remote_config(self.store.root)
+            deltas.uninstall(self.store)  # no change log (nor its triggers' cost) without a remote
+            return removed
 
     def push(self, progress: Callable[[int, int], None] | None = None,
-             stop: Callable[[], bool] | None = None, background: bool = False) -> PushReport:
+             stop: Callable[[], bool] | None = None, background: bool = False, whole: bool = False) -> PushReport:
         """One upload pass. `background` (the daemon's passes): on a thread of its own at a
         lower CPU priority (nice +UPLOAD_NICE, inherited by boto3's part threads), so saves
-        going on meanwhile get the CPU first."""
+        going on meanwhile get the CPU first. `whole`: a whole catalog too (upload.push)."""
         if background:
             if self._uploader is None:
                 self._uploader = ThreadPoolExecutor(1, thread_name_prefix="cowfs-upload", initializer=_lower_priority)
-            return self._uploader.submit(self.push, progress, stop).result()
+            return self._uploader.submit(self.push, progress, stop, False, whole).result()
         with self._lock:
             bucket = self.bucket()
             state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
             try:
-                report = push(self.store, bucket, state, progress=progress, stop=stop)
+                report = push(self.store, bucket, state, progress=progress, stop=stop, whole=whole)
                 limit = self._config.local_limit if self._config is not None else None
                 if limit is not None and not (stop is not None and stop()):
                     report.evicted = evict(self.store, state, limit).to_json()

@@ -4,28 +4,33 @@
    bucket), then `index/` (the indexes this store has not seen; another store's packs count:
    a chunk already in the bucket is not uploaded again; packs whose index or object is gone
    are forgotten), and adopt a pack whose index a crash kept from being written.
-2. Copy the catalog (SQLite backup: one consistent generation G).
-3. Pin the chunks that copy's bodies use and the bucket lacks, so gc keeps them; records
-   the compactor moves stay readable through a hold taken before.
+2. Read the catalog once (`deltas.take`, one read transaction: one generation G): the rows
+   changed since the last catalog object noted (a delta), and, when one is due (none yet, a
+   pack forgotten since, the deltas since the last add up to half its size or MAX_DELTAS, or
+   `whole`), a whole copy.
+3. Pin the chunks the catalog objects need and the bucket lacks (a delta: those its extents
+   use; a whole copy: those every body uses), so gc keeps them; records the compactor moves
+   stay readable through a hold taken before.
 4. Read them in log order, check each record (header, id, payload CRC), and cut packs of
    about `pack_size` bytes: PUT the pack, PUT its index, then note both in remote.db. A
    pack never gets the name of a doomed one (packs.PackBuilder.finish).
 5. Look at `gc/` again (and at `index/` when a while has passed): what a remote gc marked
-   or deleted meanwhile is uploaded again, until the copy needs nothing from doomed packs.
-6. PUT the catalog copy, compressed, as `stores/UUID/catalog/G.db.zst`, note it, look
-   again as in 5 (a gc that marked during the PUT); if the copy's chunks cannot be uploaded
-   again, the catalog object is deleted and the pass fails. Then delete catalog objects
-   older than the newest `KEEP_CATALOGS`.
+   or deleted meanwhile is uploaded again, until the objects need nothing from doomed packs.
+6. PUT the delta `stores/UUID/catalog/G.from-F.delta.zst`, then the whole catalog
+   `stores/UUID/catalog/G.db.zst` if one was read, compressed; note each; look again as in 5
+   (a gc that marked during the PUTs); if what they need cannot be uploaded again, they are
+   deleted and the pass fails. After a whole catalog, delete the store's catalog objects
+   older than the whole one before it (`whole`: older than this one). Trim the change log.
 
 Every object is immutable and named by its content or generation, so a pass cut short
 anywhere (kill -9, network down) leaves objects the next pass reuses: a pack without its
-index is adopted in step 1, and a catalog is never named before every chunk it uses is in.
+index is adopted in step 1, and a catalog object is never named before every chunk it uses
+is in.
 """
 from __future__ import annotations
 
 import logging
-import os
-import sqlite3
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,9 +40,10 @@ from typing import TYPE_CHECKING, Callable
 import zstandard
 
 from ..errors import CorruptData, RemoteError
-from ..store.layout import CATALOG_FILE
 from ..store.log import Location
 from ..store.records import RecordError, check_record
+from . import deltas
+from .catalogs import retained_catalogs
 from .doomed import MIN_GRACE, look_at_gc
 from .packs import PackBuilder, PackIndex, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
@@ -48,7 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cowfs.remote")
 PACK_SIZE = 64 << 20
-KEEP_CATALOGS = 3
+WHOLE_EVERY = 0.5  # a whole catalog once the deltas since the last add up to this much of its size
+WHOLE_MIN_BYTES = 1 << 20  # ... but not before they add up to this (an empty delta is ~1 KiB compressed)
+MAX_DELTAS = 64  # ... or this many (a consumer starting from a whole catalog applies at most these)
 CATALOG_LEVEL = 3  # zstd level of catalog objects
 MAX_RUN = 8 << 20  # bytes read from a segment at once
 SETTLE_ROUNDS = 5  # looks at gc/ before (and after) the catalog's PUT that may each upload again
@@ -81,6 +89,10 @@ def catalog_key(bucket: Bucket, store_uuid: str, gen: int) -> str:
     return bucket.key("stores", store_uuid, "catalog", f"{gen:016d}.db.zst")
 
 
+def delta_key(bucket: Bucket, store_uuid: str, gen: int, from_gen: int) -> str:
+    return bucket.key("stores", store_uuid, "catalog", deltas.delta_name(gen, from_gen))
+
+
 @dataclass
 class PushReport:
     generation: int = 0  # the catalog generation now in the bucket
@@ -91,8 +103,11 @@ class PushReport:
     indexes_read: int = 0  # other stores' (or earlier passes') indexes learnt
     forgotten: int = 0  # packs no longer in the bucket (a remote gc deleted them)
     reuploaded: int = 0  # chunks uploaded again because a remote gc marked their packs during the pass
-    catalog_bytes: int = 0
-    catalog_key: str = ""  # the catalog object of `generation`
+    catalog_bytes: int = 0  # compressed bytes of the catalog objects this pass uploaded
+    catalog_key: str = ""  # the catalog object of `generation` consumers are told of (the delta if any)
+    delta_key: str = ""  # the delta this pass uploaded, if any
+    delta_rows: int = 0  # the keys it holds
+    whole_key: str = ""  # the whole catalog this pass uploaded, if any
     skipped: bool = False  # nothing new since the last pass
     seconds: float = 0.0
     evicted: dict[str, object] | None = None  # what the eviction after the pass did (evict.EvictReport), if limited
@@ -169,21 +184,6 @@ def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: boo
     return look
 
 
-def copy_catalog(store: "Store", dest: Path) -> int:
-    """A consistent copy of the catalog at `dest`; returns its generation."""
-    src = sqlite3.connect(f"file:{store.root / CATALOG_FILE}?mode=ro", uri=True)
-    try:
-        dst = sqlite3.connect(dest)
-        try:
-            src.backup(dst)
-            (gen,) = dst.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
-        finally:
-            dst.close()
-    finally:
-        src.close()
-    return int(gen)
-
-
 def _runs(locs: list[tuple[bytes, Location]]) -> list[list[tuple[bytes, Location]]]:
     """Records lying back to back in one segment, grouped to be read at once."""
     runs: list[list[tuple[bytes, Location]]] = []
@@ -220,61 +220,111 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]]) -> list[memo
 
 
 def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None = None,
-         progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None) -> PushReport:
-    """Upload what the bucket lacks of the store's current generation; see the module text."""
+         progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
+         whole: bool = False) -> PushReport:
+    """Upload what the bucket lacks of the store's current generation; see the module text.
+    `whole`: a whole catalog as well as the delta, and the store's older catalog objects
+    deleted (what remote gc's pass does, so that what the store dropped stops being live)."""
     t0 = time.monotonic()
     pack_size = pack_size or PACK_SIZE
     report = PushReport()
     looked = time.monotonic()
     look = refresh(bucket, state)
     report.indexes_read, report.adopted, report.forgotten = look.indexes_read, look.adopted, look.forgotten
+    deltas.install(store)
     tmpdir = store.root / "tmp"
     tmpdir.mkdir(exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix="remote-catalog-", suffix=".db", dir=tmpdir)
-    os.close(fd)
-    copy = Path(tmp_name)
+    work = Path(tempfile.mkdtemp(prefix="remote-catalog-", dir=tmpdir))
     release = store.holds.hold(None)  # records the compactor retires from now on stay readable
     pinned: list[bytes] = []
     try:
-        gen = copy_catalog(store, copy)
-        report.generation = gen
-        need = state.missing_chunks(copy)
-        if gen <= state.last_catalog() and not need:
-            report.skipped = True
-            report.generation, report.catalog_key = state.catalogs()[-1]
-            return report
+        since = state.since()
+        asked, check = whole, state.full_check_due()
+        whole = whole or check is not None or _whole_due(state)
         while True:
+            plan = _Plan(work, since, whole)
+            plan.taken = deltas.take(store, since, plan.delta, plan.base)
+            if plan.taken.delta_rows < 0 and plan.base is None:  # no delta from what the bucket has: whole
+                whole = True
+                continue
+            gen = report.generation = plan.taken.generation
+            need = plan.missing(state)
+            if gen <= state.last_catalog() and not need and (
+                    not whole or (check is None and state.newest_whole() == gen)):
+                report.skipped = True  # nothing new (a whole catalog of this generation is in already)
+                report.generation, report.catalog_key = state.catalogs()[-1]
+                if asked:
+                    _drop_old_catalogs(bucket, state, store.config.store_uuid, gen, keep_previous=False)
+                return report
             locs = store.index.pin([h for h, _ in need])
             pinned += [h for h, _ in need]
             if all(h in locs for h, _ in need):
                 break
-            # gc deleted a chunk the copy uses after the copy was made: copy again (the new
+            # gc deleted a chunk the copy uses after it was read: read again (the newer
             # generation no longer uses it)
-            copy.unlink()
-            gen = copy_catalog(store, copy)
-            report.generation = gen
-            need = state.missing_chunks(copy)
         up = _Uploader(store, bucket, state, pack_size, report)
         if not up.chunks([(h, locs[h]) for h, _ in need], progress, stop):
             return report
-        looked = up.settle(copy, gen, looked, pinned)
-        key = _put_catalog(store, bucket, state, copy, gen, report)
+        looked = up.settle(plan, looked, pinned)
+        keys = _put_catalogs(store, bucket, state, plan, report)
         try:
-            up.settle(copy, gen, looked, pinned)
+            up.settle(plan, looked, pinned)
         except RemoteError:
             # a gc marked (and may delete) packs the catalog needs, which cannot be uploaded
             # again: the catalog goes, so no reader starts from it
-            bucket.delete([key])
-            state.forget_catalogs([gen])
+            bucket.delete(keys)
+            state.forget_catalogs(keys)
             report.catalog_key = ""
             raise
-        _drop_old_catalogs(bucket, state)
+        if plan.base is not None:
+            state.full_check_done(check)
+            _drop_old_catalogs(bucket, state, store.config.store_uuid, gen, keep_previous=not asked)
+        if plan.taken.mark is not None:
+            deltas.trim(store, plan.taken.mark)
         return report
     finally:
         store.index.unpin(pinned)
         release()
-        copy.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
         report.seconds = time.monotonic() - t0
+
+
+def _whole_due(state: RemoteState) -> bool:
+    """A whole catalog is due (besides when a pack was forgotten since the last, so that what
+    the catalog needs is checked whole): none yet, or the deltas since the last add up to more than
+    WHOLE_EVERY of its size (and WHOLE_MIN_BYTES) or number MAX_DELTAS."""
+    chain = state.chain()
+    if chain is None:
+        return True
+    base, size, n = chain
+    return size > max(WHOLE_EVERY * base, WHOLE_MIN_BYTES) or n >= MAX_DELTAS
+
+
+class _Plan:
+    """What one pass uploads as catalog objects: a delta since the last one noted and, when
+    `whole`, a whole catalog of the same generation, both read by one `deltas.take`."""
+
+    def __init__(self, work: Path, since: tuple[int, deltas.Mark] | None, whole: bool) -> None:
+        for f in work.iterdir():
+            f.unlink()
+        self.since = since
+        self.delta: Path | None = work / "delta.db" if since is not None else None
+        self.base: Path | None = work / "catalog.db" if whole else None
+        self.taken = deltas.Taken(0, None)
+
+    @property
+    def has_delta(self) -> bool:
+        return self.since is not None and self.taken.delta_rows >= 0 and self.taken.generation > self.since[0]
+
+    def missing(self, state: RemoteState) -> list[tuple[bytes, int]]:
+        """(hash, stored_len) of what the catalog objects need that no pack no doomed list
+        names holds, in log order: for a whole catalog, what every body uses (a query over
+        every chunk row); for a delta alone, what its new extents use."""
+        if self.base is not None:
+            return state.missing_chunks(self.base)
+        needs = self.taken.needs or []
+        have = state.has([h for h, _ in needs])
+        return [(h, n) for h, n in needs if h not in have]
 
 
 class _Uploader:
@@ -309,7 +359,7 @@ class _Uploader:
     def pack(self, builder: PackBuilder) -> None:
         _upload_pack(self.bucket, self.state, builder, self.report)
 
-    def settle(self, copy: Path, gen: int, looked: float, pinned: list[bytes]) -> float:
+    def settle(self, plan: _Plan, looked: float, pinned: list[bytes]) -> float:
         """Look at the bucket again and upload what the copy needs that a remote gc marked or
         deleted since the last look, until it needs nothing more; returns when `index/` was
         last listed (monotonic). `index/` is listed again only after MIN_GRACE / 2: a doomed
@@ -323,19 +373,19 @@ class _Uploader:
             self.report.forgotten += look.forgotten
             if not look.lost_holders:  # new packs only add holders: the copy still lacks nothing
                 return looked
-            need = [h for h, _ in self.state.missing_chunks(copy)]
+            need = [h for h, _ in plan.missing(self.state)]
             if not need:
                 return looked
             locs = self.store.index.pin(need)
             pinned += need
             lost = [h for h in need if h not in locs]
             if lost:
-                raise RemoteError(f"{self.bucket.where}: {len(lost)} chunks generation {gen} uses were in packs a "
+                raise RemoteError(f"{self.bucket.where}: {len(lost)} chunks generation {plan.taken.generation} uses were in packs a "
                                   "remote gc marked or deleted during this pass, and the store no longer holds them; "
                                   "the next pass uploads a newer generation")
             self.report.reuploaded += len(need)
             self.chunks([(h, locs[h]) for h in need])
-        raise RemoteError(f"{self.bucket.where}: remote gc marked packs generation {gen} uses {SETTLE_ROUNDS} times "
+        raise RemoteError(f"{self.bucket.where}: remote gc marked packs generation {plan.taken.generation} uses {SETTLE_ROUNDS} times "
                           "during this pass; the next pass tries again")
 
 
@@ -351,27 +401,48 @@ def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, repor
     report.bytes += len(data)
 
 
-def _put_catalog(store: "Store", bucket: Bucket, state: RemoteState, copy: Path, gen: int,
-                 report: PushReport) -> str:
-    with open(copy, "rb") as f:
-        data = zstandard.ZstdCompressor(level=CATALOG_LEVEL).compress(f.read())
-    key = catalog_key(bucket, store.config.store_uuid, gen)
-    bucket.put(key, data)
-    state.add_catalog(gen, key, len(data))
-    report.catalog_bytes, report.catalog_key = len(data), key
-    return key
+def _put_catalogs(store: "Store", bucket: Bucket, state: RemoteState, plan: _Plan, report: PushReport) -> list[str]:
+    """PUT the delta, then the whole catalog, each compressed; note each. The key sent in
+    notices is the delta's when there is one (consumers holding its start apply it)."""
+    gen, mark, uuid = plan.taken.generation, plan.taken.mark, store.config.store_uuid
+    put: list[tuple[Path, str, int | None]] = []
+    if plan.has_delta:
+        assert plan.delta is not None and plan.since is not None
+        put.append((plan.delta, delta_key(bucket, uuid, gen, plan.since[0]), plan.since[0]))
+    if plan.base is not None:
+        put.append((plan.base, catalog_key(bucket, uuid, gen), None))
+    keys: list[str] = []
+    for path, key, from_gen in put:
+        with open(path, "rb") as f:
+            data = zstandard.ZstdCompressor(level=CATALOG_LEVEL, write_content_size=True).compress(f.read())
+        bucket.put(key, data)
+        state.add_catalog(key, gen, from_gen, len(data), mark)
+        keys.append(key)
+        report.catalog_bytes += len(data)
+        if from_gen is not None:
+            report.delta_key, report.delta_rows = key, plan.taken.delta_rows
+        else:
+            report.whole_key = key
+    report.catalog_key = keys[0]
+    return keys
 
 
-def _drop_old_catalogs(bucket: Bucket, state: RemoteState) -> None:
-    old = state.catalogs()[:-KEEP_CATALOGS]
+def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen: int, keep_previous: bool) -> None:
+    """After a whole catalog of generation `gen` went up: delete the store's catalog objects
+    (whole or deltas, noted or not) older than the whole one before it (`keep_previous`, so
+    that consumers following the deltas before it can still read them) or than this one."""
+    wholes = sorted(c.generation for c in retained_catalogs(bucket, store_uuid) if c.from_gen is None)
+    older = [g for g in wholes if g < gen]
+    cut = older[-1] if keep_previous and older else gen
+    old = [c.key for c in retained_catalogs(bucket, store_uuid) if c.generation < cut]
     if old:
-        bucket.delete([k for _, k in old])
-        state.forget_catalogs([g for g, _ in old])
+        bucket.delete(old)
+        state.forget_catalogs(old)
 
 
 def decode_catalog(data: bytes) -> bytes:
     return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 36)
 
 
-__all__ = ["PushReport", "Look", "push", "refresh", "copy_catalog", "decode_catalog", "pack_key", "index_key",
-           "catalog_key", "decode_index"]
+__all__ = ["PushReport", "Look", "push", "refresh", "decode_catalog", "pack_key", "index_key",
+           "catalog_key", "delta_key", "decode_index"]

@@ -17,7 +17,7 @@ from cowfs.remote.doomed import CLOCK_STEP, DoomedPack, ListedDoomed, decode_doo
 from cowfs.remote.gc import check_grace
 from cowfs.remote.packs import PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
 from cowfs.remote.state import RemoteState
-from cowfs.remote.upload import copy_catalog
+from cowfs.remote import deltas
 from cowfs.units import human_duration, parse_duration
 from cowfs.store import ROOT_INO
 from cowfs.store.chunking import chunk_id
@@ -120,6 +120,10 @@ def test_state_is_a_cache_of_one_bucket(tmp_path):
     st = RemoteState(tmp_path / "remote.db", "s3://b-bucket/p")
     assert st.has(hashes) == set() and st.totals()["packs"] == 0
     st.close()
+
+
+def copy_catalog(store, dest):
+    return deltas.take(store, None, None, dest).generation
 
 
 def test_copy_catalog_is_one_generation(store, tmp_path):
@@ -276,3 +280,20 @@ def test_the_s3_checksum_is_zlibs_crc32_big_endian_in_base64() -> None:
 
     for body in (b"", b"a", bytes(range(256)) * 1000, os.urandom(70000)):
         assert base64.b64decode(_crc32(body)) == zlib.crc32(body).to_bytes(4, "big")
+
+
+def test_a_forgotten_pack_asks_for_a_whole_catalog_until_one_read_after_it_went_up(tmp_path):
+    st = RemoteState(tmp_path / "remote.db", "s3://a-bucket/p")
+    name = pack_name(b"p")
+    st.add_pack(name, 100, [PackEntry(b"\1" * 32, 0, 10, 10, CODEC_RAW)], mine=True)
+    assert st.full_check_due() is None
+    assert st.forget_packs([name]) == 1
+    first = st.full_check_due()
+    assert first is not None
+    st.add_pack(name, 100, [], mine=True)
+    st.forget_packs([name])  # forgotten again while that whole catalog was going up
+    st.full_check_done(first)
+    assert st.full_check_due() is not None
+    st.full_check_done(st.full_check_due())
+    assert st.full_check_due() is None
+    st.close()

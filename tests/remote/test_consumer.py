@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 
 from cowfs.mountinfo import mounted_cowfs
+from cowfs.remote.catalogs import retained_catalogs
+from cowfs.remote.config import read_remote_config
+from cowfs.remote.s3 import Bucket
+from cowfs.store.layout import read_config
 from tests.support.mountutil import cowfs, force_unmount, kill9, mounted, store_path  # noqa: F401 (a fixture)
 from tests.support.storeutil import data
 
@@ -149,6 +153,45 @@ def test_a_killed_consumer_catches_up_when_it_comes_back(store_path, tmp_path, r
     # the producer is gone: a consumer still mounts and serves the last uploaded generation
     with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
         assert (cons / "b.bin").read_bytes() == data(1 << 20, 3)
+
+
+def catalog_objects(store: Path) -> list[str]:
+    """The store's catalog objects in the bucket, by name."""
+    cfg = read_remote_config(store)
+    assert cfg is not None
+    return [c.key.rsplit("/", 1)[-1] for c in retained_catalogs(Bucket(cfg), read_config(store).store_uuid)]
+
+
+def test_a_consumer_follows_deltas_and_catches_up_through_a_whole_catalog(store_path, tmp_path, rgw, s3_bucket):
+    """Each new version reaches the consumer as a delta applied to the catalog it holds; a
+    consumer away while remote gc replaced the catalog objects it would have continued from
+    starts again from the whole catalog and the deltas after it."""
+    url = f"s3://{s3_bucket.name}/prod"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
+    cache = tmp_path / "cache"
+    with mounted(store_path, tmp_path / "prod") as prod:
+        (prod / "a.bin").write_bytes(data(1 << 20, 1))
+        wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
+                 ["catalog_generation"] > 0)
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
+            wait_for("a.bin", lambda: has_bytes(cons / "a.bin", data(1 << 20, 1)))
+            for k in (2, 3):
+                (prod / "a.bin").write_bytes(data(1 << 20, k))
+                wait_for(f"version {k}", lambda k=k: has_bytes(cons / "a.bin", data(1 << 20, k)))
+            names = catalog_objects(store_path)
+            assert len([n for n in names if n.endswith(".db.zst")]) == 1 and len(names) >= 3, names
+            kill9(cache, cons)
+        (prod / "a.bin").write_bytes(data(1 << 20, 4))
+        cowfs("remote", "gc", str(prod), "--grace", "2s")  # a whole catalog; the older objects deleted
+        (prod / "b.bin").write_bytes(data(1 << 20, 5))
+        wait_for("the delta after the whole catalog", lambda: any(
+            n.endswith(".delta.zst") and int(n[:16]) > int(w[:16])
+            for names in [catalog_objects(store_path)] for w in names if w.endswith(".db.zst") for n in names))
+        names = catalog_objects(store_path)
+        assert len([n for n in names if n.endswith(".db.zst")]) == 1, names
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
+            wait_for("caught up", lambda: has_bytes(cons / "a.bin", data(1 << 20, 4))
+                     and has_bytes(cons / "b.bin", data(1 << 20, 5)))
 
 
 def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):

@@ -53,16 +53,14 @@ def put_file(s: Store, name: str, blob: bytes) -> set[str]:
 
 
 def forget(s: Store, *names: str) -> None:
-    """Delete /run/NAME..., drop their history and collect locally, then push new generations
-    until the store's catalog objects that still held them are deleted (it keeps 3)."""
+    """Delete /run/NAME..., drop their history and collect locally, then push a whole catalog
+    (what remote gc's own pass does), which deletes the store's older catalog objects."""
     run = s.resolve("/run").ino
     for name in names:
         s.unlink(run, name.encode())
     s.expire_history()
     s.gc()
-    for _ in range(upload.KEEP_CATALOGS):
-        s.mkdir(ROOT_INO, f"g{s.generation}".encode())
-        tier_of(s).push()
+    tier_of(s).push(whole=True)
 
 
 def keys(cfg: RemoteConfig, kind: str) -> list[str]:
@@ -126,7 +124,9 @@ def test_two_stores_sharing_a_prefix_keep_what_either_uses(tmp_path, rgw, s3_buc
     wait_older(cfg, "packs", GRACE)
     first = json.loads(cowfs("remote", "gc", str(p1), "--grace", "2s", "--json").stdout)
     assert (first["marked_packs"], first["swept_lists"], first["deleted_packs"]) == (len(mine), 0, 0)
-    assert first["catalogs"] == 3 + 1 and first["doomed_list"] in bucket_objects(cfg)  # s1 keeps 3, s2 has 1
+    # the live set read every catalog object of both stores, whole ones and deltas
+    assert first["catalogs"] == len(keys(cfg, "catalog")) and first["doomed_list"] in bucket_objects(cfg)
+    assert any(k.endswith(".delta.zst") for k in keys(cfg, "catalog"))
     assert pack_names(cfg) == shared | mine | others  # marked, not deleted
     consumer = ReplicaSource(tmp_path / "cache", cfg, uuid2)  # what a consumer of store 2 knows of the bucket
     consumer.learn_indexes()
@@ -202,15 +202,15 @@ def test_a_mark_during_a_pass_that_deduplicated_against_the_pack(when, tmp_path,
         wait_older(cfg, "packs", GRACE)
         gc1 = hand(s1, hands)
         marks: list[remote_gc.GcReport] = []
-        hook = "copy_catalog" if when.startswith("before") else "_put_catalog"
-        real = getattr(upload, hook)
+        where, hook = (upload.deltas, "take") if when.startswith("before") else (upload, "_put_catalogs")
+        real = getattr(where, hook)
 
         def mark_then(*args, **kwargs):  # store 1's gc runs while store 2's pass is under way
             if not marks:
                 marks.append(gc1.mark())
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(upload, hook, mark_then)
+        monkeypatch.setattr(where, hook, mark_then)
         s2.write_file("/run/a.bin", blob)
         s2.write_file("/run/small.bin", small)
         r = tier_of(s2).push()
@@ -237,7 +237,7 @@ def test_a_catalog_whose_marked_chunks_are_gone_locally_is_withdrawn(tmp_path, r
         before = keys(cfg, s2.config.store_uuid)
         wait_older(cfg, "packs", GRACE)
         gc1 = hand(s1, hands)
-        real = upload._put_catalog
+        real = upload._put_catalogs
 
         def mark_and_drop_then_put(*args, **kwargs):
             gc1.mark()
@@ -248,10 +248,10 @@ def test_a_catalog_whose_marked_chunks_are_gone_locally_is_withdrawn(tmp_path, r
             return real(*args, **kwargs)
 
         s2.write_file("/run/a.bin", blob)
-        monkeypatch.setattr(upload, "_put_catalog", mark_and_drop_then_put)
+        monkeypatch.setattr(upload, "_put_catalogs", mark_and_drop_then_put)
         with pytest.raises(RemoteError, match="no longer holds them"):
             tier_of(s2).push()
-        monkeypatch.setattr(upload, "_put_catalog", real)
+        monkeypatch.setattr(upload, "_put_catalogs", real)
         assert keys(cfg, s2.config.store_uuid) == before  # the catalog needing the doomed pack is gone
         assert read_back(cfg, s2.config.store_uuid, tmp_path) == {"/run/small.bin": small}
         r = tier_of(s2).push()

@@ -13,7 +13,7 @@ from cowfs.remote.fetch import RemoteChunks
 from cowfs.remote.packs import decode_index
 from cowfs.remote.s3 import Bucket
 from cowfs.remote.state import RemoteState
-from cowfs.remote.upload import decode_catalog
+from cowfs.remote.catalogs import chain_to, materialize, retained_catalogs
 
 
 def bucket_objects(cfg: RemoteConfig) -> dict[str, int]:
@@ -45,9 +45,12 @@ def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = 
     """Every live file's bytes, rebuilt from the bucket alone: the newest catalog object,
     the indexes, ranged GETs of the packs."""
     bucket = Bucket(cfg)
-    cats = sorted(o.key for o in bucket.list(bucket.key("stores", store_uuid, "catalog", "")))
+    cats = retained_catalogs(bucket, store_uuid)
+    chain = chain_to(cats, cats[-1].generation, set())
+    assert chain is not None, "no whole catalog leads to the newest generation"
     db = tmp / "fetched.db"
-    db.write_bytes(decode_catalog(bucket.get(cats[-1])))
+    db.unlink(missing_ok=True)
+    assert materialize(bucket, chain, db)
     for stale in tmp.glob("fetched-remote.db*"):  # what an earlier call learnt may be gone from the bucket
         stale.unlink()
     state = RemoteState(tmp / "fetched-remote.db", cfg.url)
