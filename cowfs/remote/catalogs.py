@@ -119,8 +119,8 @@ class LiveSet:
 def chain_to(objects: list[CatalogObject], gen: int, have: set[int]) -> list[CatalogObject] | None:
     """The catalog objects that lead to generation `gen`, in the order to apply them: deltas
     from one of the generations in `have` (catalogs the reader holds), or a whole catalog
-    and the deltas after it; the fewest objects, a held start preferred. None if none leads
-    there (the objects it would need were deleted)."""
+    and the deltas after it; the fewest objects, a held start preferred when it needs as
+    many. None if none leads there (the objects it would need were deleted)."""
     wholes = {c.generation: c for c in objects if c.from_gen is None}
     into: dict[int, list[CatalogObject]] = {}
     for c in objects:
@@ -128,13 +128,17 @@ def chain_to(objects: list[CatalogObject], gen: int, have: set[int]) -> list[Cat
             into.setdefault(c.generation, []).append(c)
     frontier: list[tuple[int, list[CatalogObject]]] = [(gen, [])]
     seen = {gen}
+    best: list[CatalogObject] | None = None  # from a whole catalog: one object more than its depth
     while frontier:
         for g, path in frontier:
             if g in have:
                 return path
+        if best is not None:  # a held start one level deeper costs as many objects, and less
+            return best
         for g, path in frontier:
             if g in wholes:
-                return [wholes[g], *path]
+                best = [wholes[g], *path]
+                break
         nxt = []
         for g, path in frontier:
             for d in into.get(g, []):
@@ -143,25 +147,23 @@ def chain_to(objects: list[CatalogObject], gen: int, have: set[int]) -> list[Cat
                     seen.add(d.from_gen)
                     nxt.append((d.from_gen, [d, *path]))
         frontier = nxt
-    return None
+    return best
 
 
 def chain_ends(objects: list[CatalogObject]) -> list[list[CatalogObject]]:
     """For each whole catalog, the objects leading from it to the newest generation its
     deltas reach: what a check of the retained catalogs materializes."""
+    deltas = [c for c in objects if c.from_gen is not None]
     out = []
-    wholes = [c for c in objects if c.from_gen is None]
-    for i, w in enumerate(wholes):
-        last = wholes[i + 1].generation if i + 1 < len(wholes) else None
-        reach = [c.generation for c in objects if c.from_gen is not None and c.generation > w.generation
-                 and (last is None or c.generation <= last)]
-        best = None
-        for g in sorted(set(reach), reverse=True):
-            best = chain_to([c for c in objects if c is w or c.from_gen is not None], g, set())
-            if best is not None and best[0] is w:
-                break
-            best = None
-        out.append(best or [w])
+    for w in (c for c in objects if c.from_gen is None):
+        reach = {w.generation}
+        grew = True
+        while grew:
+            more = {d.generation for d in deltas if d.from_gen in reach} - reach
+            reach |= more
+            grew = bool(more)
+        chain = chain_to([w, *deltas], max(reach), set())
+        out.append(chain if chain is not None and chain[0] is w else [w])
     return out
 
 

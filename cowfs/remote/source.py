@@ -10,6 +10,7 @@ that catalog made servable from packs (docs/design.md, section 17, "Consumers").
 """
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -25,6 +26,7 @@ from .s3 import Bucket, MissingObject
 from .state import RemoteState
 from .upload import decode_catalog, indexed_packs, read_index
 
+log = logging.getLogger("cowfs.replica")
 CATALOG_SUFFIX = ".db.zst"
 PACKS_USED = "replica_packs_used"  # in a cache's catalog file: the packs its chunk rows point at
 
@@ -72,7 +74,7 @@ class ReplicaSource:
     def newest(self) -> tuple[int, str]:
         """(generation, key) of the followed store's newest catalog object: a delta from a
         generation the cache holds if there is one, else the whole catalog, else a delta."""
-        objects = [c for c in retained_catalogs(self.bucket, self.store_uuid)]
+        objects = retained_catalogs(self.bucket, self.store_uuid)
         if not objects:
             raise RemoteError(f"{self.bucket.where}: store {self.store_uuid} has no catalog in the bucket")
         gen = objects[-1].generation
@@ -135,6 +137,11 @@ class ReplicaSource:
                 if attempt == 2:
                     raise
                 steps, held = None, self.held()
+            except RemoteError as e:  # a delta that does not apply here: from a whole catalog instead
+                if attempt == 2:
+                    raise
+                log.warning("generation %d from the catalogs held: %s; trying from a whole catalog", gen, e)
+                steps, held = None, set()
         raise AssertionError("unreachable")
 
     def _whole(self, cat: CatalogObject) -> Path:
@@ -182,6 +189,10 @@ class ReplicaSource:
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:
                 conn.execute("PRAGMA journal_mode=DELETE")
+                if not conn.execute("SELECT 1 FROM sqlite_master WHERE name=?", (PACKS_USED,)).fetchone():
+                    # a catalog file made before deltas: note the packs its rows point at, once
+                    conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")
+                    conn.execute(f"INSERT INTO {PACKS_USED} SELECT DISTINCT seg_id FROM chunks WHERE seg_id != 0")
                 conn.execute("ATTACH DATABASE ? AS d", (str(part),))
                 conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
                 conn.execute("BEGIN")

@@ -245,7 +245,7 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
             plan = _Plan(work, since, whole)
             plan.taken = deltas.take(store, since, plan.delta, plan.base)
             if plan.taken.delta_rows < 0 and plan.base is None:  # no delta from what the bucket has: whole
-                whole = True
+                since, whole = None, True
                 continue
             gen = report.generation = plan.taken.generation
             need = plan.missing(state)
@@ -431,10 +431,10 @@ def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen:
     """After a whole catalog of generation `gen` went up: delete the store's catalog objects
     (whole or deltas, noted or not) older than the whole one before it (`keep_previous`, so
     that consumers following the deltas before it can still read them) or than this one."""
-    wholes = sorted(c.generation for c in retained_catalogs(bucket, store_uuid) if c.from_gen is None)
-    older = [g for g in wholes if g < gen]
+    objects = retained_catalogs(bucket, store_uuid)
+    older = [c.generation for c in objects if c.from_gen is None and c.generation < gen]
     cut = older[-1] if keep_previous and older else gen
-    old = [c.key for c in retained_catalogs(bucket, store_uuid) if c.generation < cut]
+    old = [c.key for c in objects if c.generation < cut]
     if old:
         bucket.delete(old)
         state.forget_catalogs(old)

@@ -297,3 +297,21 @@ def test_a_forgotten_pack_asks_for_a_whole_catalog_until_one_read_after_it_went_
     st.full_check_done(st.full_check_due())
     assert st.full_check_due() is None
     st.close()
+
+
+def test_the_chain_to_a_generation_is_the_shortest_from_a_held_one_or_a_whole_one():
+    from cowfs.remote.catalogs import CatalogObject, chain_ends, chain_to
+
+    def obj(gen, frm=None):
+        return CatalogObject("u", gen, f"k{gen}-{frm}", 1, frm)
+
+    w4, w9 = obj(4), obj(9)
+    d6, d8, d9, d12, d8b = obj(6, 4), obj(8, 6), obj(9, 8), obj(12, 9), obj(8, 4)  # d8b: a duplicate a crash left
+    objects = [w4, d6, d8, d8b, w9, d9, d12]
+    assert chain_to(objects, 12, set()) == [w9, d12]
+    assert chain_to(objects, 12, {8}) == [d9, d12]  # from what is held: as many objects as from w9
+    assert chain_to(objects, 8, set()) == [w4, d8b]  # the fewest objects
+    assert chain_to(objects, 7, set()) is None
+    assert chain_to(objects, 8, {8}) == []
+    assert chain_to(objects, 9, {8}) == [d9]  # not the whole catalog of 9
+    assert chain_ends(objects) == [[w4, d8b, d9, d12], [w9, d12]]

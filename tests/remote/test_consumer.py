@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -134,14 +136,21 @@ def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
             assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
 
 
-def test_a_killed_consumer_catches_up_when_it_comes_back(store_path, tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket.name}/prod"
+@contextmanager
+def producer(store_path: Path, url: str, rgw, mnt: Path) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    """The store mounted with a remote that sends notices, /a.bin written and uploaded."""
     cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
-    cache = tmp_path / "cache"
-    with mounted(store_path, tmp_path / "prod") as prod:
+    with mounted(store_path, mnt) as prod:
         (prod / "a.bin").write_bytes(data(1 << 20, 1))
         wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
                  ["catalog_generation"] > 0)
+        yield prod
+
+
+def test_a_killed_consumer_catches_up_when_it_comes_back(store_path, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/prod"
+    cache = tmp_path / "cache"
+    with producer(store_path, url, rgw, tmp_path / "prod") as prod:
         with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
             wait_for("a.bin", lambda: has_bytes(cons / "a.bin", data(1 << 20, 1)))
             kill9(cache, cons)
@@ -167,12 +176,8 @@ def test_a_consumer_follows_deltas_and_catches_up_through_a_whole_catalog(store_
     consumer away while remote gc replaced the catalog objects it would have continued from
     starts again from the whole catalog and the deltas after it."""
     url = f"s3://{s3_bucket.name}/prod"
-    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
     cache = tmp_path / "cache"
-    with mounted(store_path, tmp_path / "prod") as prod:
-        (prod / "a.bin").write_bytes(data(1 << 20, 1))
-        wait_for("first upload", lambda: json.loads(cowfs("remote", "status", str(prod), "--json").stdout)
-                 ["catalog_generation"] > 0)
+    with producer(store_path, url, rgw, tmp_path / "prod") as prod:
         with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
             wait_for("a.bin", lambda: has_bytes(cons / "a.bin", data(1 << 20, 1)))
             for k in (2, 3):

@@ -279,3 +279,27 @@ def test_large_objects_go_up_in_parts_with_their_checksums_and_a_failed_part_lea
     monkeypatch.setattr(bucket.client, "upload_part", real_part)
     bucket.put(bucket.key("packs", "b" * 64), blob)
     assert bucket.get(bucket.key("packs", "b" * 64)) == blob
+
+
+def test_a_whole_catalog_every_max_deltas_and_the_chain_before_the_previous_one_goes(tmp_path, rgw, s3_bucket,
+                                                                                       monkeypatch):
+    from cowfs.remote import upload
+    monkeypatch.setattr(upload, "MAX_DELTAS", 2)
+    path = new_store(tmp_path / "s")
+    with Store.open(path) as s:
+        s.mkdir(ROOT_INO, b"run")
+        cfg = configure(s, rgw, s3_bucket.name)
+        wholes: list[int] = []
+        for k in range(7):
+            s.write_file(f"/run/f{k}.bin", data(50_000, 80 + k))
+            r = tier_of(s).push()
+            assert r.delta_key or k == 0
+            if r.whole_key:
+                wholes.append(r.generation)
+        assert len(wholes) == 3  # the first pass, then every second delta
+        names = [k.rsplit("/", 1)[-1] for k in bucket_objects(cfg) if "/catalog/" in k]
+        # kept: the whole catalog before the newest and everything from it on
+        assert min(int(n[:16]) for n in names) == wholes[-2]
+        assert sorted(int(n[:16]) for n in names if n.endswith(".db.zst")) == wholes[-2:]
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {f"/run/f{k}.bin": data(50_000, 80 + k) for k in range(7)}
+    assert_clean(path)

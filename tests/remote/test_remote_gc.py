@@ -6,6 +6,7 @@ pack affects. Ages are waited for on the engine's clock (tests/support/remoteuti
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Iterator
@@ -412,4 +413,60 @@ def test_gc_aborts_old_incomplete_uploads_and_deletes_damaged_doomed_lists(tmp_p
         assert up not in [u.upload_id for u in bucket.incomplete_uploads(bucket.key(""))]
         assert junk not in bucket_objects(cfg)
         assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": blob, "/run/b.bin": blob[::-1]}
+    assert_clean(s.root)
+
+
+def stray_rows(catalog: Path, source: ReplicaSource) -> int:
+    """Chunk rows of a consumer's catalog file that point at a pack its remote.db does not know."""
+    conn = sqlite3.connect(catalog)
+    try:
+        conn.execute("ATTACH DATABASE ? AS r", (str(source.cache / "remote.db"),))
+        return int(conn.execute("SELECT count(*) FROM chunks WHERE seg_id != 0 AND seg_id NOT IN"
+                                " (SELECT id FROM r.packs)").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, rgw, s3_bucket):
+    """A pack deleted by hand (fsck's way back): the producer's next pass finds it gone,
+    uploads its chunks again and a whole catalog beside the delta; a consumer applying the
+    delta points the rows it had in that pack at the new one. Its catalog file is made as one
+    from before deltas (no replica_packs_used) first. Then a held catalog the next delta does
+    not apply to: the consumer starts again from the whole catalog."""
+    blob = data(2 << 20, 70)
+    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    with s:
+        (pack,) = put_file(s, "a.bin", blob)
+        src = ReplicaSource(tmp_path / "cache", cfg, s.config.store_uuid)
+        try:
+            held = src.fetch_catalog(*src.newest())
+            conn = sqlite3.connect(held)
+            conn.execute("DROP TABLE replica_packs_used")
+            conn.commit()
+            conn.close()
+            delete_pack(cfg, pack)
+            s.write_file("/run/b.bin", data(100_000, 71))
+            r = tier_of(s).push()
+            assert r.whole_key and r.delta_key and r.bytes > len(blob) and pack not in pack_names(cfg)
+            new = src.fetch_catalog(r.generation, r.delta_key)
+            assert stray_rows(new, src) == 0
+            conn = sqlite3.connect(new)
+            assert conn.execute("SELECT count(*) FROM chunks WHERE seg_id = 0").fetchone()[0] == 0
+            conn.execute("UPDATE meta SET value='another' WHERE key='store_uuid'")  # no delta applies to it now
+            conn.commit()
+            conn.close()
+            s.write_file("/run/c.bin", data(100_000, 72))
+            r2 = tier_of(s).push()
+            assert r2.delta_key and not r2.whole_key
+            last = src.fetch_catalog(r2.generation, r2.delta_key)
+            conn = sqlite3.connect(last)
+            names = {bytes(n) for (n,) in conn.execute("SELECT name FROM dentries WHERE death_gen > ?", (r2.generation,))}
+            uuid = conn.execute("SELECT value FROM meta WHERE key='store_uuid'").fetchone()[0]
+            conn.close()
+            assert {b"a.bin", b"b.bin", b"c.bin"} <= names and uuid == s.config.store_uuid
+            assert stray_rows(last, src) == 0
+        finally:
+            src.close()
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {
+            "/run/a.bin": blob, "/run/b.bin": data(100_000, 71), "/run/c.bin": data(100_000, 72)}
     assert_clean(s.root)
