@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cowfs.remote")
 PACK_SIZE = 64 << 20
 WHOLE_EVERY = 0.5  # a whole catalog once the deltas since the last add up to this much of its size
-WHOLE_MIN_BYTES = 1 << 20  # ... but not before they add up to this (an empty delta is ~1 KiB compressed)
+WHOLE_MIN_BYTES = 1 << 20  # ... but not before they add up to this (an empty delta is 2.5 KB compressed)
 MAX_DELTAS = 64  # ... or this many (a consumer starting from a whole catalog applies at most these)
 CATALOG_LEVEL = 3  # zstd level of catalog objects
 MAX_RUN = 8 << 20  # bytes read from a segment at once
