@@ -2,9 +2,10 @@
 store kept in a bucket, read-only, following the producer's new versions as its notices
 arrive (remote/notices.py), without polling the bucket.
 
-On a notice of generation G the daemon fetches that catalog (a worker thread), swaps it in,
-tells the kernel which entries and inodes changed, and publishes the changes to `cowfs
-watch` subscribers. The mount is made with the kernel's `ro` flag, so writes fail with
+On a notice of generation G the daemon brings its catalog file to G (a worker thread: the
+delta applied in place, or a new file from a whole catalog, swapped in), tells the kernel
+which entries and inodes changed, and publishes the changes to `cowfs watch` subscribers,
+all found from the rows the deltas changed (remote/changes.py). The mount is made with the kernel's `ro` flag, so writes fail with
 EROFS before they reach the daemon; control requests that would change the store fail
 with EROFS too (the replica raises ReadOnly).
 """
@@ -14,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
@@ -23,12 +23,13 @@ import trio
 
 from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
+from ..remote.changes import Changes, events as watch_events
 from ..remote.config import RemoteConfig
 from ..remote.notices import NoticeListener
 from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
 from ..store.catalog import Catalog
-from ..store.events import REMOVE, SNAPSHOT, VERSION, Event
+from ..store.events import SNAPSHOT, Event
 from ..store.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .control_server import serve_control
 from .mount import LOG_FILE, MountError, _setup_logging, start_daemon
@@ -39,32 +40,14 @@ log = logging.getLogger("cowfs.replica")
 DEFAULT_CACHE_SIZE = 10 << 30
 
 
-def changes_between(path: Path, old: int, new: int) -> tuple[set[int], set[tuple[int, bytes]]]:
-    """Inodes with a version born or ended in (old, new], and the entries so changed."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        inos = {r[0] for r in conn.execute(
-            "SELECT ino FROM versions WHERE (birth_gen > ?1 AND birth_gen <= ?2) OR (death_gen > ?1 AND death_gen <= ?2)",
-            (old, new))}
-        entries = {(r[0], bytes(r[1])) for r in conn.execute(
-            "SELECT parent, name FROM dentries WHERE (birth_gen > ?1 AND birth_gen <= ?2)"
-            " OR (death_gen > ?1 AND death_gen <= ?2)", (old, new))}
-    finally:
-        conn.close()
-    return inos, entries
-
-
-def events_between(replica: Replica, old: int, new: int) -> list[Event]:
+def events_between(replica: Replica, changes: Changes) -> list[Event]:
+    """The watch events of a move to a newer generation: the changed files' (remote/changes.py)
+    and the snapshots taken since."""
+    out = replica.catalog.read(lambda conn: watch_events(conn, changes))
     now = time.time_ns()
-    out: list[Event] = []
-    for e in replica.diff(old, new).entries:
-        if e.change == "removed":
-            out.append(Event(REMOVE, new, now, path=e.path))
-        elif e.kind == "file":
-            out.append(Event(VERSION, new, now, path=e.path, size=e.size_b))
     for s in replica.snapshot_list():
-        if s.gen > old and s.created_ns and s.gen <= new:
-            out.append(Event(SNAPSHOT, new, now, snapshot=s.name))
+        if s.gen > changes.old and s.created_ns and s.gen <= changes.new:
+            out.append(Event(SNAPSHOT, changes.new, now, snapshot=s.name))
     return out
 
 
@@ -100,23 +83,25 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
 
 async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str) -> None:
     """Fetch generation g, serve it, drop what the kernel caches of what changed since gen."""
-    path = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
-    inos, entries = await trio.to_thread.run_sync(changes_between, path, gen, g)
-    catalog = await trio.to_thread.run_sync(Catalog, path)
-    for done in replica.use_catalog(catalog):
-        await trio.to_thread.run_sync(done.close)
-    for parent, name in entries:
+    fetched = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
+    changes = fetched.changes
+    if fetched.path != replica.catalog.path:  # a new file (from a whole catalog): swap it in
+        catalog = await trio.to_thread.run_sync(Catalog, fetched.path)
+        for done in replica.use_catalog(catalog):
+            await trio.to_thread.run_sync(done.close)
+    for parent, name in changes.entries:
         pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
-    for ino in inos:
+    for ino in changes.inos:
         try:
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ViewTable.encode(LIVE_VIEW, ino))
         except Exception:  # noqa: BLE001 - not cached: nothing to drop
             pass
     if replica.events.active:
-        events = await trio.to_thread.run_sync(events_between, replica, gen, g)
+        events = await trio.to_thread.run_sync(events_between, replica, changes)
         replica.events.publish(events)
-    log.info("generation %d applied (%d inodes, %d entries changed)", g, len(inos), len(entries))
-    await trio.to_thread.run_sync(source.drop_catalogs, {path, *replica.catalog_paths()})
+    log.info("generation %d applied (%d inodes, %d entries changed)", g, len(changes.inos), len(changes.entries))
+    if fetched.new_file:
+        await trio.to_thread.run_sync(source.drop_catalogs, {fetched.path, *replica.catalog_paths()})
 
 
 async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None) -> None:
@@ -148,7 +133,7 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
         source = ReplicaSource(cache, cfg, store_uuid)
         try:
             gen, key = source.newest()
-            path = source.fetch_catalog(gen, key)
+            path = source.fetch_catalog(gen, key).path
             config = StoreConfig(store_uuid=source.store_uuid, device="file", segment_size=DEFAULT_SEGMENT_SIZE)
             replica = Replica(cache, config, path, source, cache_size)
             try:

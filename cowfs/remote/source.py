@@ -3,9 +3,12 @@ that catalog made servable from packs (docs/design.md, section 17, "Consumers").
 
 `CACHE/` (the `--cache DIR` of `cowfs mount s3://...`):
   remote.db          what the consumer knows of the bucket (the producer's format: state.py)
-  catalog-UUID-G.db  the followed store's catalog as of generation G, its chunk rows pointed
-                     at packs (seg_id: the pack's rowid in remote.db, offset: in the pack),
-                     made from a whole catalog object or from the one before and a delta
+  catalog-UUID-B.db  the followed store's catalog, made from the whole catalog object of
+                     generation B and brought forward by each delta in place (one SQLite
+                     transaction each: the file holds one generation or the next, never a
+                     mix); its generation is its `meta.generation`. Its chunk rows are
+                     pointed at packs (seg_id: the pack's rowid in remote.db, offset: in the
+                     pack)
   blocks/PACK/N      cached pack blocks (replica.BlockCache)
 """
 from __future__ import annotations
@@ -14,12 +17,14 @@ import logging
 import os
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteError, StoreError
 from ..store.log import Location, location
 from ..store.schema import SCHEMA_VERSION
 from .catalogs import CatalogObject, chain_to, retained_catalogs
+from .changes import Changes, scan
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .deltas import apply_delta, parse_delta_name
 from .s3 import Bucket, MissingObject
@@ -43,8 +48,20 @@ def _point(conn: sqlite3.Connection, which: str) -> None:
                  " WHERE o.hash = chunks.hash)")
 
 
-def catalog_name(store_uuid: str, gen: int) -> str:
-    return f"catalog-{store_uuid}-{gen:016d}.db"
+def catalog_name(store_uuid: str, gen: int, unique: bool = False) -> str:
+    """A catalog file's name: by the generation of the whole catalog it was made from (and a
+    random part when a file of that name still serves)."""
+    return f"catalog-{store_uuid}-{gen:016d}{'-' + os.urandom(4).hex() if unique else ''}.db"
+
+
+@dataclass
+class Fetched:
+    """A generation made servable: the file holding it, and what changed since the file
+    served before (`new_file`: a file other than the one that served)."""
+    path: Path
+    generation: int
+    changes: Changes
+    new_file: bool
 
 
 class ReplicaSource:
@@ -101,48 +118,90 @@ class ReplicaSource:
             n += 1
         return n
 
+    def _files(self) -> dict[Path, int]:
+        """The catalog files of the followed store in the cache, with the generation each holds."""
+        out: dict[Path, int] = {}
+        for f in self.cache.glob(f"catalog-{self.store_uuid}-*.db"):
+            try:
+                conn = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+                try:
+                    out[f] = int(conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+                finally:
+                    conn.close()
+            except (sqlite3.DatabaseError, TypeError):  # not a catalog (cut short before its rename: never)
+                log.warning("%s: not a catalog; removed", f)
+                f.unlink(missing_ok=True)
+        return out
+
     def held(self) -> set[int]:
         """The generations of the catalog files in the cache."""
-        prefix = f"catalog-{self.store_uuid}-"
-        return {int(f.name[len(prefix):-3]) for f in self.cache.glob(f"{prefix}*.db")
-                if f.name[len(prefix):-3].isdigit()}
+        return set(self._files().values())
 
-    def fetch_catalog(self, gen: int, key: str) -> Path:
-        """Generation `gen`, made servable from the packs, as CACHE/catalog-UUID-G.db: the
-        delta `key` applied to the catalog it starts from if the cache holds it, else the
-        chain of objects the bucket has that leads there (a whole catalog and deltas)."""
-        dest = self.cache / catalog_name(self.store_uuid, gen)
-        if dest.exists():
-            return dest
+    def current(self) -> tuple[Path, int] | None:
+        """The catalog file holding the newest generation, and that generation."""
+        files = self._files()
+        if not files:
+            return None
+        path = max(files, key=lambda f: (files[f], f.name))
+        return path, files[path]
+
+    def fetch_catalog(self, gen: int, key: str) -> "Fetched":
+        """Generation `gen`, made servable from the packs: the delta `key` applied in place to
+        the catalog file holding the generation it starts from, else the chain of objects the
+        bucket has that leads there (a whole catalog, as a new file, and deltas applied to it)."""
+        cur = self.current()
+        if cur is not None and cur[1] >= gen:
+            return Fetched(cur[0], cur[1], Changes(cur[1], cur[1]), new_file=False)
         name = key.rsplit("/", 1)[-1]
         parsed = parse_delta_name(name)
-        held = self.held()
+        held = {cur[1]} if cur is not None else set()
         steps: list[CatalogObject] | None = None
         if parsed is None and name.endswith(CATALOG_SUFFIX):
             steps = [CatalogObject(self.store_uuid, gen, key, 0)]
         elif parsed is not None and parsed[1] in held:
             steps = [CatalogObject(self.store_uuid, gen, key, 0, parsed[1])]
         self.learn_indexes()
+        origin = cur[1] if cur is not None else 0
+        changes = Changes(origin, gen)  # since the generation served before, over every step
         for attempt in (1, 2):
             if steps is None:
                 steps = chain_to(retained_catalogs(self.bucket, self.store_uuid), gen, held)
                 if steps is None:
                     raise RemoteError(f"{self.bucket.where}: no catalog objects of store {self.store_uuid} lead to "
                                       f"generation {gen} (deleted since the notice; a newer one follows)")
+            path = cur[0] if cur is not None else None
             try:
+                new_file = False
                 for step in steps:
-                    path = self._whole(step) if step.from_gen is None else self._delta(step)
-                return path
+                    if step.from_gen is None:
+                        path, new_file = self._whole(step), True
+                    else:
+                        assert path is not None
+                        self._delta(path, step, changes)
+                assert path is not None
+                if new_file:  # what changed since the generation served before: a scan of the new file
+                    changes = self._scan(path, origin, gen)
+                return Fetched(path, gen, changes, new_file)
             except MissingObject:  # deleted since it was listed (the producer's retention): list again
                 if attempt == 2:
                     raise
-                steps, held = None, self.held()
+                cur = self.current()  # deltas applied before the missing one stay applied
+                held = {cur[1]} if cur is not None else set()
             except RemoteError as e:  # a delta that does not apply here: from a whole catalog instead
                 if attempt == 2:
                     raise
                 log.warning("generation %d from the catalogs held: %s; trying from a whole catalog", gen, e)
-                steps, held = None, set()
+                held = set()
+            steps = None
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _scan(path: Path, old: int, new: int) -> Changes:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return scan(conn, old, new)
+        finally:
+            conn.close()
 
     def _whole(self, cat: CatalogObject) -> Path:
         dest = self.cache / catalog_name(self.store_uuid, cat.generation)
@@ -163,40 +222,35 @@ class ReplicaSource:
             conn.execute("PRAGMA journal_mode=WAL")
         finally:
             conn.close()
+        if dest.exists():  # a file of this name serves (a catch-up from the same whole catalog): a new name
+            dest = self.cache / catalog_name(self.store_uuid, cat.generation, unique=True)
         os.replace(tmp, dest)
         return dest
 
-    def _delta(self, cat: CatalogObject) -> Path:
-        """The catalog the delta `cat` leads to: a copy of the one it starts from (SQLite's
-        backup) with the delta applied, its new chunk rows and those in packs the cache's
-        remote.db no longer knows pointed at the packs."""
+    def _delta(self, path: Path, cat: CatalogObject, changes: Changes) -> None:
+        """Apply the delta `cat` to the catalog file `path` in place, in one transaction: its
+        rows, then its new chunk rows and those in packs the cache's remote.db no longer
+        knows pointed at the packs; what it changed is added to `changes`. Readers of the
+        file (the replica's requests) see the generation before or the one after."""
         assert cat.from_gen is not None
-        dest = self.cache / catalog_name(self.store_uuid, cat.generation)
-        tmp = dest.with_name(dest.name + ".tmp")
-        part = dest.with_name(dest.name + ".delta")
+        part = path.with_name(f"{path.name}.{cat.generation}.delta")
         try:
             part.write_bytes(decode_catalog(self.bucket.get(cat.key)))
-            src = sqlite3.connect(f"file:{self.cache / catalog_name(self.store_uuid, cat.from_gen)}?mode=ro", uri=True)
+            conn = sqlite3.connect(path, isolation_level=None)
             try:
-                tmp.unlink(missing_ok=True)
-                dst = sqlite3.connect(tmp)
-                try:
-                    src.backup(dst)
-                finally:
-                    dst.close()
-            finally:
-                src.close()
-            conn = sqlite3.connect(tmp, isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode=DELETE")
-                if not conn.execute("SELECT 1 FROM sqlite_master WHERE name=?", (PACKS_USED,)).fetchone():
-                    # a catalog file made before deltas: note the packs its rows point at, once
-                    conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")
-                    conn.execute(f"INSERT INTO {PACKS_USED} SELECT DISTINCT seg_id FROM chunks WHERE seg_id != 0")
                 conn.execute("ATTACH DATABASE ? AS d", (str(part),))
                 conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
-                conn.execute("BEGIN")
+                conn.execute("BEGIN IMMEDIATE")
+                (held,) = conn.execute("SELECT value FROM main.meta WHERE key='generation'").fetchone()
+                if int(held) != cat.from_gen:
+                    raise RemoteError(f"{cat.key}: the catalog file holds generation {held}, not {cat.from_gen}")
+                if not conn.execute("SELECT 1 FROM main.sqlite_master WHERE name=?", (PACKS_USED,)).fetchone():
+                    # a catalog file made before deltas: note the packs its rows point at, once
+                    conn.execute(f"CREATE TABLE main.{PACKS_USED} (id INTEGER PRIMARY KEY)")
+                    conn.execute(f"INSERT INTO main.{PACKS_USED} SELECT DISTINCT seg_id FROM main.chunks"
+                                 " WHERE seg_id != 0")
                 apply_delta(conn, cat.from_gen)
+                changes.add_rows(conn, "d", cat.from_gen, cat.generation)
                 conn.execute(f"CREATE TEMP TABLE repoint AS SELECT cid FROM main.chunks WHERE seg_id IN (SELECT id FROM"
                              f" {PACKS_USED} WHERE id NOT IN (SELECT id FROM r.packs)) UNION SELECT cid FROM d.chunks")
                 conn.execute(f"DELETE FROM {PACKS_USED} WHERE id NOT IN (SELECT id FROM r.packs)")
@@ -204,17 +258,18 @@ class ReplicaSource:
                 conn.execute(f"INSERT OR IGNORE INTO {PACKS_USED} SELECT DISTINCT seg_id FROM chunks"
                              " WHERE cid IN (SELECT cid FROM temp.repoint) AND seg_id != 0")
                 conn.execute("COMMIT")
-                conn.execute("DETACH DATABASE r")
-                conn.execute("DETACH DATABASE d")
-                conn.execute("PRAGMA journal_mode=WAL")
             except sqlite3.DatabaseError as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise RemoteError(f"{cat.key}: the delta does not apply ({e})") from None
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             finally:
                 conn.close()
-            os.replace(tmp, dest)
         finally:
             part.unlink(missing_ok=True)
-        return dest
 
     # -- lookups for the replica's reads ------------------------------------------
 

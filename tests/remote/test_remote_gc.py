@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -439,7 +441,7 @@ def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, r
         (pack,) = put_file(s, "a.bin", blob)
         src = ReplicaSource(tmp_path / "cache", cfg, s.config.store_uuid)
         try:
-            held = src.fetch_catalog(*src.newest())
+            held = src.fetch_catalog(*src.newest()).path
             conn = sqlite3.connect(held)
             conn.execute("DROP TABLE replica_packs_used")
             conn.commit()
@@ -448,7 +450,8 @@ def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, r
             s.write_file("/run/b.bin", data(100_000, 71))
             r = tier_of(s).push()
             assert r.whole_key and r.delta_key and r.bytes > len(blob) and pack not in pack_names(cfg)
-            new = src.fetch_catalog(r.generation, r.delta_key)
+            new = src.fetch_catalog(r.generation, r.delta_key).path
+            assert new == held  # applied in place
             assert stray_rows(new, src) == 0
             conn = sqlite3.connect(new)
             assert conn.execute("SELECT count(*) FROM chunks WHERE seg_id = 0").fetchone()[0] == 0
@@ -458,7 +461,8 @@ def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, r
             s.write_file("/run/c.bin", data(100_000, 72))
             r2 = tier_of(s).push()
             assert r2.delta_key and not r2.whole_key
-            last = src.fetch_catalog(r2.generation, r2.delta_key)
+            last = src.fetch_catalog(r2.generation, r2.delta_key).path
+            assert last != held  # a new file, from the whole catalog
             conn = sqlite3.connect(last)
             names = {bytes(n) for (n,) in conn.execute("SELECT name FROM dentries WHERE death_gen > ?", (r2.generation,))}
             uuid = conn.execute("SELECT value FROM meta WHERE key='store_uuid'").fetchone()[0]
@@ -469,4 +473,52 @@ def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, r
             src.close()
         assert read_back(cfg, s.config.store_uuid, tmp_path) == {
             "/run/a.bin": blob, "/run/b.bin": data(100_000, 71), "/run/c.bin": data(100_000, 72)}
+    assert_clean(s.root)
+
+
+KILLED_MID_DELTA = """
+import os, signal, sys
+from pathlib import Path
+from cowfs.remote import source
+from cowfs.remote.config import RemoteConfig
+
+def apply_then_die(conn, from_gen):
+    source_apply(conn, from_gen)
+    os.kill(os.getpid(), signal.SIGKILL)  # inside the transaction, the delta's rows written
+
+source_apply, source.apply_delta = source.apply_delta, apply_then_die
+url, endpoint, cache, uuid, gen, key = sys.argv[1:]
+src = source.ReplicaSource(Path(cache), RemoteConfig(url, endpoint=endpoint), uuid)
+src.fetch_catalog(int(gen), key)
+"""
+
+
+def test_a_consumer_killed_while_applying_a_delta_holds_the_generation_before(tmp_path, rgw, s3_bucket, monkeypatch):
+    """kill -9 of a consumer inside the transaction that applies a delta to its catalog file in
+    place: the file still holds the generation before, whole; the delta then applies."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    cache = tmp_path / "cache"
+    with s:
+        put_file(s, "a.bin", data(300_000, 80))
+        src = ReplicaSource(cache, cfg, s.config.store_uuid)
+        try:
+            first = src.fetch_catalog(*src.newest())
+            s.write_file("/run/b.bin", data(200_000, 81))
+            r = tier_of(s).push()
+            assert r.delta_key
+            child = subprocess.run([sys.executable, "-c", KILLED_MID_DELTA, cfg.url, str(cfg.endpoint), str(cache),
+                                    s.config.store_uuid, str(r.generation), r.delta_key], capture_output=True)
+            assert child.returncode == -9, child.stderr.decode()
+            assert src.current() == (first.path, first.generation)
+            conn = sqlite3.connect(first.path)
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            conn.close()
+            got = src.fetch_catalog(r.generation, r.delta_key)
+            assert (got.path, got.generation, got.new_file) == (first.path, r.generation, False)
+            assert {(n, p) for p, n in got.changes.entries} >= {(b"b.bin", s.resolve("/run").ino)}
+            assert stray_rows(got.path, src) == 0
+        finally:
+            src.close()
     assert_clean(s.root)
