@@ -95,9 +95,19 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                     continue
             wake = trio.Event()
             dirty = False
+            def tell(generation: int, key: str, server: NoticeServer | None = server) -> None:
+                # from the upload thread, once the pass's first catalog object is in: before
+                # a whole catalog is made and uploaded, which may take seconds on a large store
+                if server is None:
+                    return
+                try:
+                    trio.from_thread.run(_notify, server, generation, key, trio_token=token)
+                except Exception:  # noqa: BLE001 - a notice lost is caught up by the next; the upload goes on
+                    log.exception("notice of generation %d not sent", generation)
+
             try:
                 report = await trio.to_thread.run_sync(
-                    lambda: tier.push(stop=lambda: ops.handles.unmounting, background=True))
+                    lambda: tier.push(stop=lambda: ops.handles.unmounting, background=True, on_catalog=tell))
             except CowfsError as e:
                 dirty = True
                 retry = min(max(retry * 2, RETRY_FIRST), RETRY_MAX)
@@ -114,7 +124,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             if not report.skipped:
                 log.info(PUSHED_LOG, report.generation, report.chunks, report.packs, report.bytes,
                          report.catalog_bytes, report.seconds)
-            if server is not None and report.catalog_key:
+            if server is not None and report.catalog_key and not report.told:  # nothing new: the newest again
                 await _notify(server, report.generation, report.catalog_key)
     finally:
         if unsubscribe is not None:

@@ -92,19 +92,21 @@ class RemoteTier:
             return removed
 
     def push(self, progress: Callable[[int, int], None] | None = None,
-             stop: Callable[[], bool] | None = None, background: bool = False, whole: bool = False) -> PushReport:
+             stop: Callable[[], bool] | None = None, background: bool = False, whole: bool = False,
+             on_catalog: Callable[[int, str], None] | None = None) -> PushReport:
         """One upload pass. `background` (the daemon's passes): on a thread of its own at a
         lower CPU priority (nice +UPLOAD_NICE, inherited by boto3's part threads), so saves
-        going on meanwhile get the CPU first. `whole`: a whole catalog too (upload.push)."""
+        going on meanwhile get the CPU first. `whole`: a whole catalog too; `on_catalog`:
+        called when consumers can be told (upload.push)."""
         if background:
             if self._uploader is None:
                 self._uploader = ThreadPoolExecutor(1, thread_name_prefix="cowfs-upload", initializer=_lower_priority)
-            return self._uploader.submit(self.push, progress, stop, False, whole).result()
+            return self._uploader.submit(self.push, progress, stop, False, whole, on_catalog).result()
         with self._lock:
             bucket = self.bucket()
             state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
             try:
-                report = push(self.store, bucket, state, progress=progress, stop=stop, whole=whole)
+                report = push(self.store, bucket, state, progress=progress, stop=stop, whole=whole, on_catalog=on_catalog)
                 limit = self._config.local_limit if self._config is not None else None
                 if limit is not None and not (stop is not None and stop()):
                     report.evicted = evict(self.store, state, limit).to_json()

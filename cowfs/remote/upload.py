@@ -16,11 +16,12 @@
    pack never gets the name of a doomed one (packs.PackBuilder.finish).
 5. Look at `gc/` again (and at `index/` when a while has passed): what a remote gc marked
    or deleted meanwhile is uploaded again, until the objects need nothing from doomed packs.
-6. PUT the delta `stores/UUID/catalog/G.from-F.delta.zst`, then the whole catalog
-   `stores/UUID/catalog/G.db.zst` if one was read, compressed; note each; look again as in 5
-   (a gc that marked during the PUTs); if what they need cannot be uploaded again, they are
-   deleted and the pass fails. After a whole catalog, delete the store's catalog objects
-   older than the whole one before it (`whole`: older than this one). Trim the change log.
+6. PUT the delta `stores/UUID/catalog/G.from-F.delta.zst`, compressed, note it and look
+   again as in 5 (a gc that marked during the PUT); then consumers may be told of G
+   (`on_catalog`). Then the whole catalog `stores/UUID/catalog/G.db.zst` if one was read,
+   the same way. If what they need cannot be uploaded again, the objects are deleted and
+   the pass fails. After a whole catalog, delete the store's catalog objects older than
+   the whole one before it (`whole`: older than this one). Trim the change log.
 
 Every object is immutable and named by its content or generation, so a pass cut short
 anywhere (kill -9, network down) leaves objects the next pass reuses: a pack without its
@@ -33,7 +34,7 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -108,6 +109,7 @@ class PushReport:
     delta_key: str = ""  # the delta this pass uploaded, if any
     delta_rows: int = 0  # the keys it holds
     whole_key: str = ""  # the whole catalog this pass uploaded, if any
+    told: bool = False  # `on_catalog` was called with catalog_key (consumers told before the whole catalog)
     skipped: bool = False  # nothing new since the last pass
     seconds: float = 0.0
     evicted: dict[str, object] | None = None  # what the eviction after the pass did (evict.EvictReport), if limited
@@ -221,10 +223,41 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]]) -> list[memo
 
 def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None = None,
          progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
-         whole: bool = False) -> PushReport:
+         whole: bool = False, on_catalog: Callable[[int, str], None] | None = None) -> PushReport:
     """Upload what the bucket lacks of the store's current generation; see the module text.
     `whole`: a whole catalog as well as the delta, and the store's older catalog objects
-    deleted (what remote gc's pass does, so that what the store dropped stops being live)."""
+    deleted (what remote gc's pass does, so that what the store dropped stops being live).
+    `on_catalog(generation, key)`: called once the generation's delta is in and checked (or
+    its whole catalog, for the first), so consumers can be told (`report.told`). When a
+    whole catalog is due by the size of the deltas since the last (not asked for, no pack
+    forgotten), a pass that tells runs as two: the delta alone, told at once, then the whole
+    catalog (and a delta of what changed meanwhile), so the notice does not wait for a copy
+    and a check of the whole catalog, which grow with the store."""
+    if on_catalog is not None and not whole and state.since() is not None and state.full_check_due() is None \
+            and _whole_due(state):
+        first = _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog, whole_due=False)
+        if stop is not None and stop():
+            return first
+        return _merged(first, _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog))
+    return _pass(store, bucket, state, pack_size, progress, stop, whole, on_catalog)
+
+
+def _merged(first: PushReport, second: PushReport) -> PushReport:
+    """One report of a pass run as two (`push`)."""
+    out = replace(second, told=first.told or second.told, seconds=first.seconds + second.seconds)
+    for name in ("packs", "chunks", "bytes", "adopted", "indexes_read", "forgotten", "reuploaded", "catalog_bytes"):
+        setattr(out, name, getattr(first, name) + getattr(second, name))
+    if not second.delta_key:
+        out.delta_key, out.delta_rows, out.catalog_key = first.delta_key, first.delta_rows, first.catalog_key
+    out.skipped = first.skipped and second.skipped
+    return out
+
+
+def _pass(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None,
+          progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None, whole: bool,
+          on_catalog: Callable[[int, str], None] | None, whole_due: bool | None = None) -> PushReport:
+    """One pass of `push`; `whole_due` False: no whole catalog unless asked for or a pack was
+    forgotten (None: by `_whole_due`)."""
     t0 = time.monotonic()
     pack_size = pack_size or PACK_SIZE
     report = PushReport()
@@ -240,7 +273,7 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
     try:
         since = state.since()
         asked, check = whole, state.full_check_due()
-        whole = whole or check is not None or _whole_due(state)
+        whole = whole or check is not None or (_whole_due(state) if whole_due is None else whole_due)
         while True:
             plan = _Plan(work, since, whole)
             plan.taken = deltas.take(store, since, plan.delta, plan.base)
@@ -266,9 +299,14 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
         if not up.chunks([(h, locs[h]) for h, _ in need], progress, stop):
             return report
         looked = up.settle(plan, looked, pinned)
-        keys = _put_catalogs(store, bucket, state, plan, report)
+        keys: list[str] = []
         try:
-            up.settle(plan, looked, pinned)
+            for path, key, from_gen in _catalog_objects(bucket, store.config.store_uuid, plan):
+                keys.append(_put_catalog(bucket, state, plan, report, path, key, from_gen))
+                looked = up.settle(plan, looked, pinned)
+                if on_catalog is not None and len(keys) == 1 and (from_gen is not None or plan.since is None):
+                    on_catalog(gen, key)  # a delta, or the first catalog: not a whole one consumers have the delta of
+                    report.told = True
         except RemoteError:
             # a gc marked (and may delete) packs the catalog needs, which cannot be uploaded
             # again: the catalog goes, so no reader starts from it
@@ -401,30 +439,33 @@ def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, repor
     report.bytes += len(data)
 
 
-def _put_catalogs(store: "Store", bucket: Bucket, state: RemoteState, plan: _Plan, report: PushReport) -> list[str]:
-    """PUT the delta, then the whole catalog, each compressed; note each. The key sent in
-    notices is the delta's when there is one (consumers holding its start apply it)."""
-    gen, mark, uuid = plan.taken.generation, plan.taken.mark, store.config.store_uuid
-    put: list[tuple[Path, str, int | None]] = []
+def _catalog_objects(bucket: Bucket, uuid: str, plan: _Plan) -> list[tuple[Path, str, int | None]]:
+    """(file, key, from generation or None) of the catalog objects of the pass: the delta
+    first (the key sent in notices: consumers holding its start apply it), then the whole."""
+    gen = plan.taken.generation
+    out: list[tuple[Path, str, int | None]] = []
     if plan.has_delta:
         assert plan.delta is not None and plan.since is not None
-        put.append((plan.delta, delta_key(bucket, uuid, gen, plan.since[0]), plan.since[0]))
+        out.append((plan.delta, delta_key(bucket, uuid, gen, plan.since[0]), plan.since[0]))
     if plan.base is not None:
-        put.append((plan.base, catalog_key(bucket, uuid, gen), None))
-    keys: list[str] = []
-    for path, key, from_gen in put:
-        with open(path, "rb") as f:
-            data = zstandard.ZstdCompressor(level=CATALOG_LEVEL, write_content_size=True).compress(f.read())
-        bucket.put(key, data)
-        state.add_catalog(key, gen, from_gen, len(data), mark)
-        keys.append(key)
-        report.catalog_bytes += len(data)
-        if from_gen is not None:
-            report.delta_key, report.delta_rows = key, plan.taken.delta_rows
-        else:
-            report.whole_key = key
-    report.catalog_key = keys[0]
-    return keys
+        out.append((plan.base, catalog_key(bucket, uuid, gen), None))
+    return out
+
+
+def _put_catalog(bucket: Bucket, state: RemoteState, plan: _Plan, report: PushReport, path: Path, key: str,
+                 from_gen: int | None) -> str:
+    """PUT one catalog object, compressed, and note it."""
+    with open(path, "rb") as f:
+        data = zstandard.ZstdCompressor(level=CATALOG_LEVEL, write_content_size=True).compress(f.read())
+    bucket.put(key, data)
+    state.add_catalog(key, plan.taken.generation, from_gen, len(data), plan.taken.mark)
+    report.catalog_bytes += len(data)
+    if from_gen is not None:
+        report.delta_key, report.delta_rows = key, plan.taken.delta_rows
+    else:
+        report.whole_key = key
+    report.catalog_key = report.catalog_key or key
+    return key
 
 
 def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen: int, keep_previous: bool) -> None:

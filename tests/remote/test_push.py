@@ -290,12 +290,21 @@ def test_a_whole_catalog_every_max_deltas_and_the_chain_before_the_previous_one_
         s.mkdir(ROOT_INO, b"run")
         cfg = configure(s, rgw, s3_bucket.name)
         wholes: list[int] = []
+        told: list[tuple[int, str, list[str]]] = []
+
+        def tell(gen: int, key: str) -> None:  # what the bucket holds when consumers are told
+            told.append((gen, key, [k for k in bucket_objects(cfg) if "/catalog/" in k]))
+
         for k in range(7):
             s.write_file(f"/run/f{k}.bin", data(50_000, 80 + k))
-            r = tier_of(s).push()
+            r = tier_of(s).push(on_catalog=tell)
             assert r.delta_key or k == 0
+            assert r.told and told[-1][:2] == (r.generation, r.catalog_key)
+            assert r.catalog_key == (r.delta_key or r.whole_key) and r.catalog_key in told[-1][2]
             if r.whole_key:
                 wholes.append(r.generation)
+                # told of the delta before the whole catalog was uploaded
+                assert r.whole_key not in told[-1][2] or not r.delta_key
         assert len(wholes) == 3  # the first pass, then every second delta
         names = [k.rsplit("/", 1)[-1] for k in bucket_objects(cfg) if "/catalog/" in k]
         # kept: the whole catalog before the newest and everything from it on

@@ -10,6 +10,12 @@ new 50 KB file on the producer, one upload pass (a delta), then the consumer's
 `fetch_catalog` of it, timed: the GET of the delta, the LIST of pack indexes, applying it
 to the catalog file and finding what changed. Prints the medians and their ratio
 (large / small); 1.0 means the step does not grow with the catalog.
+
+Then, on the producer's side, passes that upload a whole catalog as well as the delta,
+alternating likewise: seconds from the pass's start until consumers can be told
+(`on_catalog`), and until the pass ends. "due": a whole catalog due by the policy (as after
+64 deltas, or when the deltas add up to half the whole; here every pass, with
+`upload.MAX_DELTAS` set to 1), "asked": `push(whole=True)`, remote gc's pass.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cowfs.remote import upload
 from cowfs.remote.config import RemoteConfig
 from cowfs.remote.source import ReplicaSource
 from cowfs.remote.tier import tier_of
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             sources = {k: ReplicaSource(work / f"cache-{k}", RemoteConfig(f"s3://bench/{k}", endpoint=creds.endpoint),
                                         s.config.store_uuid) for k, s in stores.items()}
             times: dict[str, list[float]] = {k: [] for k in arms}
+            told: dict[str, list[float]] = {}
+            passes: dict[str, list[float]] = {}
             try:
                 for k, src in sources.items():
                     src.fetch_catalog(*src.newest())
@@ -79,6 +88,22 @@ def main(argv: list[str] | None = None) -> int:
                         got = sources[k].fetch_catalog(r.generation, r.delta_key)
                         times[k].append(time.perf_counter() - t)
                         assert not got.new_file and got.changes.entries
+                upload.MAX_DELTAS = 1  # a whole catalog due once there is a delta since the last
+                for s in stores.values():
+                    s.write_file("/run/start.bin", data(50_000, 99))
+                    tier_of(s).push(whole=True)  # no delta since the newest whole catalog
+                for how in ("due", "asked"):
+                    for i in range(args.reps):
+                        for k in (list(arms) if i % 2 == 0 else list(reversed(arms))):
+                            s = stores[k]
+                            s.write_file(f"/run/w{i}-{how}-a.bin", data(50_000, i + 100))
+                            assert not tier_of(s).push().whole_key  # a delta alone: the next pass's whole is due
+                            s.write_file(f"/run/w{i}-{how}-b.bin", data(50_000, i + 200))
+                            t = time.perf_counter()
+                            r = tier_of(s).push(whole=how == "asked", on_catalog=lambda g, key, t=t, at=f"{k}, {how}":
+                                                told.setdefault(at, []).append(time.perf_counter() - t))
+                            passes.setdefault(f"{k}, {how}", []).append(time.perf_counter() - t)
+                            assert r.told and r.whole_key and r.delta_key
             finally:
                 for src in sources.values():
                     src.close()
@@ -87,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, xs in times.items():
         print(f"{k}: per delta {statistics.median(xs):.3f} s ({min(xs):.3f}-{max(xs):.3f}, n = {len(xs)})")
     print(f"large / small: {statistics.median(times['large']) / statistics.median(times['small']):.2f}")
+    for k in told:
+        print(f"{k}: a pass with a whole catalog: consumers told after {statistics.median(told[k]):.3f} s "
+              f"({min(told[k]):.3f}-{max(told[k]):.3f}), the pass ends after {statistics.median(passes[k]):.3f} s "
+              f"({min(passes[k]):.3f}-{max(passes[k]):.3f})")
     return 0
 
 
