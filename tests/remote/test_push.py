@@ -310,5 +310,12 @@ def test_a_whole_catalog_every_max_deltas_and_the_chain_before_the_previous_one_
         # kept: the whole catalog before the newest and everything from it on
         assert min(int(n[:16]) for n in names) == wholes[-2]
         assert sorted(int(n[:16]) for n in names if n.endswith(".db.zst")) == wholes[-2:]
-        assert read_back(cfg, s.config.store_uuid, tmp_path) == {f"/run/f{k}.bin": data(50_000, 80 + k) for k in range(7)}
+        s.write_file("/run/g.bin", data(50_000, 90))
+        r = tier_of(s).push(whole=True, on_catalog=tell)  # remote gc's pass: one pass, the delta told first
+        assert r.delta_key and r.whole_key and told[-1][1] == r.delta_key and r.whole_key not in told[-1][2]
+        wholes.append(r.generation)
+        names = [k.rsplit("/", 1)[-1] for k in bucket_objects(cfg) if "/catalog/" in k]
+        assert {int(n[:16]) for n in names} == {r.generation}  # remote gc's pass keeps nothing older
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {
+            **{f"/run/f{k}.bin": data(50_000, 80 + k) for k in range(7)}, "/run/g.bin": data(50_000, 90)}
     assert_clean(path)
