@@ -134,6 +134,7 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
         try:
             gen, key = source.newest()
             path = source.fetch_catalog(gen, key).path
+            source.drop_catalogs({path})  # nothing else is open yet: files of earlier generations go
             config = StoreConfig(store_uuid=source.store_uuid, device="file", segment_size=DEFAULT_SEGMENT_SIZE)
             replica = Replica(cache, config, path, source, cache_size)
             try:

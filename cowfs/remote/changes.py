@@ -29,7 +29,8 @@ _IN = "(birth_gen > ?1 AND birth_gen <= ?2) OR (death_gen > ?1 AND death_gen <= 
 
 @dataclass
 class Changes:
-    """Inodes with a version, and entries (parent, name), born or ended in (old, new]."""
+    """Inodes with a version, and entries (parent, name), born or ended in (old, new] (from a
+    delta, also those whose rows it deletes)."""
     old: int
     new: int
     inos: set[int] = field(default_factory=set)
@@ -41,6 +42,11 @@ class Changes:
         self.inos.update(r[0] for r in conn.execute(f"SELECT ino FROM {schema}.versions WHERE {_IN}", (old, new)))
         self.entries.update((r[0], bytes(r[1])) for r in conn.execute(
             f"SELECT parent, name FROM {schema}.dentries WHERE {_IN}", (old, new)))
+        if schema != "main":  # a delta also lists the keys of rows deleted since (history expired, gc):
+            # the kernel may still cache such an entry or inode, so they are dropped too
+            self.entries.update((r[0], bytes(r[1])) for r in conn.execute(
+                f"SELECT k1, k2 FROM {schema}.delta_keys WHERE tbl = 'dentries'"))
+            self.inos.update(r[0] for r in conn.execute(f"SELECT k1 FROM {schema}.delta_keys WHERE tbl = 'inodes'"))
 
 
 def scan(conn: sqlite3.Connection, old: int, new: int) -> Changes:

@@ -95,24 +95,76 @@ def decode_index(data: bytes, expect_name: str | None = None) -> PackIndex:
     return PackIndex(name, size, entries)
 
 
-class PackBuilder:
-    """Records gathered for one pack, in the order added."""
+class PackArena:
+    """Buffers a pack is laid out in, reused pack after pack: bytearrays of `part` bytes each
+    (the size of one part of a multipart upload). A PUT sends a bytearray as it is, where a
+    slice of one, or bytes made from it, is a copy into fresh memory; records are read
+    straight into their place, so a pack costs no join either (docs/benchmarks.md, remote
+    tier, twelfth round)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int, part: int) -> None:
+        self.part = part = max(min(part, capacity), 1)  # no part larger than what is laid out
+        self.parts = [bytearray(part) for _ in range(-(-capacity // part))]
+        self.capacity = len(self.parts) * part
+
+    def views(self, start: int, length: int) -> list[memoryview]:
+        """Buffers covering bytes start..start+length of the layout, in order."""
+        if start + length > self.capacity:
+            raise ValueError(f"pack layout of {start + length} bytes exceeds the arena's {self.capacity}")
+        out: list[memoryview] = []
+        while length > 0:
+            k, within = divmod(start, self.part)
+            n = min(self.part - within, length)
+            out.append(memoryview(self.parts[k])[within:within + n])
+            start += n
+            length -= n
+        return out
+
+    def bodies(self, size: int) -> list[bytearray | bytes]:
+        """The first `size` bytes as upload parts: whole parts as they are, the last one cut."""
+        full, rest = divmod(size, self.part)
+        out: list[bytearray | bytes] = list(self.parts[:full])
+        if rest:
+            out.append(bytes(memoryview(self.parts[full])[:rest]))
+        return out
+
+    def name(self, size: int) -> str:
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        for v in self.views(0, size):
+            h.update(v)
+        return h.hexdigest()
+
+
+class PackBuilder:
+    """Records gathered for one pack, in the order added; with an arena, records are read
+    into `reserve`'s buffers first and `add` takes their views there."""
+
+    def __init__(self, arena: PackArena | None = None) -> None:
+        self.arena = arena
         self.parts: list[bytes | memoryview] = []
         self.entries: list[PackEntry] = []
         self.size = 0
+
+    def reserve(self, length: int) -> list[memoryview]:
+        """(with an arena) Where the next `length` bytes of records go."""
+        assert self.arena is not None
+        return self.arena.views(self.size, length)
 
     def add(self, record: bytes | memoryview, chunk_id: bytes, stored_len: int, raw_len: int, codec: int) -> None:
         self.entries.append(PackEntry(chunk_id, self.size, stored_len, raw_len, codec))
         self.parts.append(record)
         self.size += len(record)
 
-    def finish(self, avoid: set[str] | frozenset[str] = frozenset()) -> tuple[str, bytes, bytes]:
-        """(name, pack bytes, index bytes). A name in `avoid` (a pack a remote gc doomed: it
-        may be deleted whatever is PUT under its name meanwhile) is never given: the records
-        are laid out again, in reverse order, then with the first record once more at the
-        end, until the bytes hash to another name; `entries` and `size` follow the layout."""
+    def finish(self, avoid: set[str] | frozenset[str] = frozenset()) -> tuple[str, list[bytes | bytearray], bytes]:
+        """(name, pack bytes as upload parts, index bytes). A name in `avoid` (a pack a remote
+        gc doomed: it may be deleted whatever is PUT under its name meanwhile) is never given:
+        the records are laid out again, in reverse order, then with the first record once
+        more at the end, until the bytes hash to another name; `entries` and `size` follow
+        the layout."""
+        if self.arena is not None:
+            name = self.arena.name(self.size)
+            if name not in avoid:
+                return name, self.arena.bodies(self.size), encode_index(name, self.size, self.entries)
         data = b"".join(self.parts)
         name = pack_name(data)
         tried_reverse = len(self.parts) < 2
@@ -127,4 +179,4 @@ class PackBuilder:
                 self.add(rec, e.chunk_id, e.stored_len, e.raw_len, e.codec)
             data = b"".join(self.parts)
             name = pack_name(data)
-        return name, data, encode_index(name, len(data), self.entries)
+        return name, [data], encode_index(name, len(data), self.entries)

@@ -17,7 +17,7 @@ import errno as _errno
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import boto3
 import botocore.exceptions as bexc
@@ -34,7 +34,7 @@ PART_SIZE = 16 << 20
 UPLOAD_THREADS = 4
 
 
-def _crc32(body: bytes) -> str:
+def _crc32(body: bytes | bytearray) -> str:
     """An S3 CRC-32 checksum: zlib's CRC-32 (here by ISA-L), big-endian, base64."""
     return base64.b64encode(_native.crc32(body).to_bytes(4, "big")).decode()
 
@@ -169,18 +169,26 @@ class Bucket:
         except bexc.BotoCoreError as e:
             raise self._error(e, f"looking for {key}") from None
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview | list[bytes | bytearray]) -> None:
         """Store `data` under `key` (multipart above PART_SIZE, UPLOAD_THREADS parts at a time);
         the object appears whole or not at all. Every body goes with its CRC-32
-        (`x-amz-checksum-crc32`), which the engine checks where it supports it."""
-        view = memoryview(data).cast("B")
+        (`x-amz-checksum-crc32`), which the engine checks where it supports it. A list is the
+        object's parts, each of PART_SIZE bytes but the last, sent as they are (a bytearray
+        needs no copy: packs.PackArena)."""
         what = f"uploading {key}"
         try:
-            if len(view) <= PART_SIZE:
-                body = bytes(view)
-                self.client.put_object(Bucket=self.address.bucket, Key=key, Body=body, ChecksumCRC32=_crc32(body))
+            if isinstance(data, list) and len(data) > 1:
+                bodies = data
+                self._put_parts(key, len(bodies), lambda k: bodies[k])
             else:
-                self._put_parts(key, view)
+                one = data[0] if isinstance(data, list) else data
+                if len(one) <= PART_SIZE:
+                    body = one if isinstance(one, (bytes, bytearray)) else bytes(memoryview(one).cast("B"))
+                    self.client.put_object(Bucket=self.address.bucket, Key=key, Body=body, ChecksumCRC32=_crc32(body))
+                else:
+                    view = memoryview(one).cast("B")
+                    self._put_parts(key, -(-len(view) // PART_SIZE),
+                                    lambda k: bytes(view[k * PART_SIZE:(k + 1) * PART_SIZE]))
         except (bexc.BotoCoreError, bexc.ClientError) as e:
             raise self._error(e, what) from None
         except RemoteError:
@@ -188,13 +196,14 @@ class Bucket:
         except Exception as e:  # noqa: BLE001 - below botocore (a socket, a part's thread): one line too
             raise RemoteError(f"{self.where}: {type(e).__name__} while {what}") from None
 
-    def _put_parts(self, key: str, view: memoryview) -> None:
-        """A multipart upload; aborted if any part fails (remote gc aborts any an abort missed)."""
+    def _put_parts(self, key: str, count: int, body_of: Callable[[int], bytes | bytearray]) -> None:
+        """A multipart upload of `count` parts; aborted if any part fails (remote gc aborts any
+        an abort missed)."""
         upload_id = self.client.create_multipart_upload(Bucket=self.address.bucket, Key=key,
                                                         ChecksumAlgorithm="CRC32")["UploadId"]
 
         def part(k: int) -> dict[str, Any]:
-            body = bytes(view[k * PART_SIZE:(k + 1) * PART_SIZE])
+            body = body_of(k)
             crc = _crc32(body)
             resp = self.client.upload_part(Bucket=self.address.bucket, Key=key, UploadId=upload_id,
                                            PartNumber=k + 1, Body=body, ChecksumCRC32=crc)
@@ -202,7 +211,7 @@ class Bucket:
 
         try:
             with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="cowfs-upload-part") as pool:
-                parts = list(pool.map(part, range(-(-len(view) // PART_SIZE))))
+                parts = list(pool.map(part, range(count)))
             self.client.complete_multipart_upload(Bucket=self.address.bucket, Key=key, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:

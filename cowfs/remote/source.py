@@ -163,6 +163,7 @@ class ReplicaSource:
         self.learn_indexes()
         origin = cur[1] if cur is not None else 0
         changes = Changes(origin, gen)  # since the generation served before, over every step
+        new_file = False  # a whole catalog made a new file (in either attempt)
         for attempt in (1, 2):
             if steps is None:
                 steps = chain_to(retained_catalogs(self.bucket, self.store_uuid), gen, held)
@@ -171,7 +172,6 @@ class ReplicaSource:
                                       f"generation {gen} (deleted since the notice; a newer one follows)")
             path = cur[0] if cur is not None else None
             try:
-                new_file = False
                 for step in steps:
                     if step.from_gen is None:
                         path, new_file = self._whole(step), True

@@ -46,8 +46,8 @@ from ..store.records import RecordError, check_record
 from . import deltas
 from .catalogs import retained_catalogs
 from .doomed import MIN_GRACE, look_at_gc
-from .packs import PackBuilder, PackIndex, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
-from .s3 import Bucket, MissingObject
+from .packs import PackArena, PackBuilder, PackIndex, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
+from .s3 import PART_SIZE, Bucket, MissingObject
 from .state import RemoteState
 
 if TYPE_CHECKING:
@@ -200,19 +200,33 @@ def _runs(locs: list[tuple[bytes, Location]]) -> list[list[tuple[bytes, Location
     return runs
 
 
-def read_records(store: "Store", run: list[tuple[bytes, Location]]) -> list[memoryview]:
-    """The whole records of one run, each checked: header, chunk id, payload CRC."""
+def read_records(store: "Store", run: list[tuple[bytes, Location]],
+                 into: list[memoryview] | None = None) -> list[memoryview | bytes]:
+    """The whole records of one run, each checked: header, chunk id, payload CRC. `into`:
+    the buffers to read them into, in order (a pack's layout), else one new buffer; a record
+    that straddles two buffers is checked and returned as a copy."""
     first = run[0][1]
     total = run[-1][1].offset + run[-1][1].span - first.offset
-    buf = memoryview(bytearray(total))
-    got = store.log.segment(first.seg_id).read_into(first.offset, [buf])
-    out: list[memoryview] = []
+    bufs = into if into is not None else [memoryview(bytearray(total))]
+    got = store.log.segment(first.seg_id).read_into(first.offset, list(bufs))
+    starts = [0]
+    for b in bufs:
+        starts.append(starts[-1] + len(b))
+    out: list[memoryview | bytes] = []
+    k = 0
     for h, loc in run:
         rel = loc.offset - first.offset
         where = f"chunk {h.hex()[:16]} at segment {loc.seg_id} offset {loc.offset}"
         if got < rel + loc.span:
             raise CorruptData(f"{where}: record truncated")
-        rec = buf[rel:rel + loc.span]
+        while starts[k + 1] <= rel:
+            k += 1
+        within = rel - starts[k]
+        rec: memoryview | bytes
+        if within + loc.span <= len(bufs[k]):
+            rec = bufs[k][within:within + loc.span]
+        else:  # across two buffers
+            rec = bytes(bufs[k][within:]) + bytes(bufs[k + 1][:loc.span - (len(bufs[k]) - within)])
         try:
             check_record(rec, h, loc.stored_len)
         except RecordError as e:
@@ -378,16 +392,28 @@ class _Uploader:
         todo = sorted(locs, key=lambda x: (x[1].seg_id, x[1].offset))
         total = sum(loc.span for _, loc in todo)
         done = 0
-        builder = PackBuilder()
+        if not todo:
+            return True
+        # records are read into their place in the pack (one arena, reused pack after pack);
+        # a run is cut where a pack fills up, so every read lands in one pack
+        arena = PackArena(min(total, self.pack_size + MAX_RUN + max(loc.span for _, loc in todo)), PART_SIZE)
+        builder = PackBuilder(arena)
         for run in _runs(todo):
-            if stop is not None and stop():
-                return False
-            for (h, loc), rec in zip(run, read_records(self.store, run)):
-                builder.add(rec, h, loc.stored_len, loc.length, loc.codec)
+            while run:
+                if stop is not None and stop():
+                    return False
+                n, end = 0, builder.size
+                while n < len(run) and end < self.pack_size:
+                    end += run[n][1].span
+                    n += 1
+                part, run = run[:n], run[n:]
+                done += end - builder.size
+                recs = read_records(self.store, part, builder.reserve(end - builder.size))
+                for (h, loc), rec in zip(part, recs):
+                    builder.add(rec, h, loc.stored_len, loc.length, loc.codec)
                 if builder.size >= self.pack_size:
                     self.pack(builder)
-                    builder = PackBuilder()
-            done += sum(loc.span for _, loc in run)
+                    builder = PackBuilder(arena)
             if progress is not None:
                 progress(done, total)
         if builder.entries:
@@ -433,10 +459,10 @@ def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, repor
     if not bucket.exists(key):  # another store (or a pass cut short) put these bytes already
         bucket.put(key, data)
     bucket.put(index_key(bucket, name), index)
-    state.add_pack(name, len(data), builder.entries, mine=True)
+    state.add_pack(name, builder.size, builder.entries, mine=True)
     report.packs += 1
     report.chunks += len(builder.entries)
-    report.bytes += len(data)
+    report.bytes += builder.size
 
 
 def _catalog_objects(bucket: Bucket, uuid: str, plan: _Plan) -> list[tuple[Path, str, int | None]]:

@@ -15,7 +15,7 @@ from cowfs.remote.config import (REMOTE_FILE, RemoteConfig, parse_url, read_remo
                                  write_remote_config)
 from cowfs.remote.doomed import CLOCK_STEP, DoomedPack, ListedDoomed, decode_doomed, encode_doomed
 from cowfs.remote.gc import check_grace
-from cowfs.remote.packs import PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
+from cowfs.remote.packs import PackArena, PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
 from cowfs.remote.state import RemoteState
 from cowfs.remote import deltas
 from cowfs.units import human_duration, parse_duration
@@ -75,7 +75,8 @@ def _pack(records: list[tuple[bytes, bytes]]) -> tuple[str, bytes, bytes]:
     for cid, rec in records:
         n = int.from_bytes(rec[8:12], "little")
         b.add(rec, cid, n, n, CODEC_RAW)
-    return b.finish()
+    name, bodies, index = b.finish()
+    return name, b"".join(bodies), index
 
 
 def test_pack_and_index_round_trip():
@@ -164,7 +165,8 @@ def test_a_pack_never_gets_a_name_to_avoid():
     for cid, rec in recs:
         n = int.from_bytes(rec[8:12], "little")
         b.add(rec, cid, n, n, CODEC_RAW)
-    other, data2, index2 = b.finish(avoid={name})  # the records in reverse order
+    other, bodies2, index2 = b.finish(avoid={name})  # the records in reverse order
+    data2 = b"".join(bodies2)
     assert other != name and other == pack_name(data2) and b.size == len(data2)
     assert [e.chunk_id for e in b.entries] == [c for c, _ in recs][::-1]
     assert entries_of_pack(data2) == b.entries == decode_index(index2, expect_name=other).entries
@@ -173,7 +175,8 @@ def test_a_pack_never_gets_a_name_to_avoid():
     b = PackBuilder()
     n = int.from_bytes(rec[8:12], "little")
     b.add(rec, cid, n, n, CODEC_RAW)
-    third, data3, _ = b.finish(avoid={single})  # one record: it is laid out twice
+    third, bodies3, _ = b.finish(avoid={single})  # one record: it is laid out twice
+    data3 = b"".join(bodies3)
     assert third != single and data3 == rec + rec and entries_of_pack(data3) == b.entries
 
 
@@ -315,3 +318,43 @@ def test_the_chain_to_a_generation_is_the_shortest_from_a_held_one_or_a_whole_on
     assert chain_to(objects, 8, {8}) == []
     assert chain_to(objects, 9, {8}) == [d9]  # not the whole catalog of 9
     assert chain_ends(objects) == [[w4, d8b, d9, d12], [w9, d12]]
+
+
+def test_a_pack_laid_out_in_an_arena_is_the_same_pack_sent_without_copies():
+    """Records read into an arena's parts (some across two parts) give the pack, name and
+    index the plain builder gives; the parts go to the PUT as they are, but the last one."""
+    recs = _records(9, seed=6)
+    name, data, index = _pack(recs)
+    arena = PackArena(len(data) + 1000, part=len(data) // 3 + 7)
+    b = PackBuilder(arena)
+    for cid, rec in recs:
+        bufs = b.reserve(len(rec))
+        at = 0
+        for v in bufs:
+            v[:] = rec[at:at + len(v)]
+            at += len(v)
+        n = int.from_bytes(rec[8:12], "little")
+        b.add(rec, cid, n, n, CODEC_RAW)
+    got_name, bodies, got_index = b.finish()
+    assert (got_name, b"".join(bodies), got_index) == (name, data, index)
+    assert len(bodies) == 3 and bodies[0] is arena.parts[0] and bodies[1] is arena.parts[1]
+    assert isinstance(bodies[2], bytes)  # the last part, cut to the pack's end
+    other, moved, _ = b.finish(avoid={name})  # a doomed name: laid out again, as without an arena
+    assert other != name and other == pack_name(b"".join(moved))
+
+
+def test_records_read_into_a_packs_buffers_are_checked_as_read_whole(store):
+    """read_records into buffers of odd sizes (records across two of them) returns the same
+    checked records as one buffer; a damaged byte is found either way."""
+    from cowfs.remote.upload import _runs, read_records
+    from cowfs.store.log import LOCATION_COLS, location
+    store.mkdir(ROOT_INO, b"run")
+    store.write_file("/run/a.bin", os.urandom(3 << 20))
+    rows = store.catalog.read(lambda c: c.execute(f"SELECT hash, {LOCATION_COLS} FROM chunks").fetchall())
+    locs = sorted(((bytes(h), location(*loc)) for h, *loc in rows), key=lambda x: (x[1].seg_id, x[1].offset))
+    (run,) = _runs(locs)
+    whole = [bytes(r) for r in read_records(store, run)]
+    total = sum(len(r) for r in whole)
+    bufs = [memoryview(bytearray(n)) for n in (100_003, 65_536, total - 165_539)]
+    assert [bytes(r) for r in read_records(store, run, bufs)] == whole
+    assert any(isinstance(r, bytes) for r in read_records(store, run, bufs))  # one across two buffers

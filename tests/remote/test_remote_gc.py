@@ -205,7 +205,7 @@ def test_a_mark_during_a_pass_that_deduplicated_against_the_pack(when, tmp_path,
         wait_older(cfg, "packs", GRACE)
         gc1 = hand(s1, hands)
         marks: list[remote_gc.GcReport] = []
-        where, hook = (upload.deltas, "take") if when.startswith("before") else (upload, "_put_catalogs")
+        where, hook = (upload.deltas, "take") if when.startswith("before") else (upload, "_put_catalog")
         real = getattr(where, hook)
 
         def mark_then(*args, **kwargs):  # store 1's gc runs while store 2's pass is under way
@@ -240,21 +240,24 @@ def test_a_catalog_whose_marked_chunks_are_gone_locally_is_withdrawn(tmp_path, r
         before = keys(cfg, s2.config.store_uuid)
         wait_older(cfg, "packs", GRACE)
         gc1 = hand(s1, hands)
-        real = upload._put_catalogs
+        real = upload._put_catalog
+        done: list[bool] = []
 
         def mark_and_drop_then_put(*args, **kwargs):
-            gc1.mark()
-            run = s2.resolve("/run").ino
-            s2.unlink(run, b"a.bin")
-            s2.expire_history()
-            s2.gc()
+            if not done:  # before the pass's first catalog object goes up
+                done.append(True)
+                gc1.mark()
+                run = s2.resolve("/run").ino
+                s2.unlink(run, b"a.bin")
+                s2.expire_history()
+                s2.gc()
             return real(*args, **kwargs)
 
         s2.write_file("/run/a.bin", blob)
-        monkeypatch.setattr(upload, "_put_catalogs", mark_and_drop_then_put)
+        monkeypatch.setattr(upload, "_put_catalog", mark_and_drop_then_put)
         with pytest.raises(RemoteError, match="no longer holds them"):
             tier_of(s2).push()
-        monkeypatch.setattr(upload, "_put_catalogs", real)
+        monkeypatch.setattr(upload, "_put_catalog", real)
         assert keys(cfg, s2.config.store_uuid) == before  # the catalog needing the doomed pack is gone
         assert read_back(cfg, s2.config.store_uuid, tmp_path) == {"/run/small.bin": small}
         r = tier_of(s2).push()
