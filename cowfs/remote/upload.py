@@ -204,7 +204,7 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]],
                  into: list[memoryview] | None = None) -> list[memoryview | bytes]:
     """The whole records of one run, each checked: header, chunk id, payload CRC. `into`:
     the buffers to read them into, in order (a pack's layout), else one new buffer; a record
-    that straddles two buffers is checked and returned as a copy."""
+    across buffers is checked and returned as a copy."""
     first = run[0][1]
     total = run[-1][1].offset + run[-1][1].span - first.offset
     bufs = into if into is not None else [memoryview(bytearray(total))]
@@ -225,8 +225,14 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]],
         rec: memoryview | bytes
         if within + loc.span <= len(bufs[k]):
             rec = bufs[k][within:within + loc.span]
-        else:  # across two buffers
-            rec = bytes(bufs[k][within:]) + bytes(bufs[k + 1][:loc.span - (len(bufs[k]) - within)])
+        else:  # across buffers
+            pieces, need, j = [], loc.span, k
+            while need > 0:
+                piece = bufs[j][within:within + need]
+                pieces.append(piece)
+                need -= len(piece)
+                j, within = j + 1, 0
+            rec = b"".join(pieces)
         try:
             check_record(rec, h, loc.stored_len)
         except RecordError as e:

@@ -343,7 +343,7 @@ def test_a_pack_laid_out_in_an_arena_is_the_same_pack_sent_without_copies():
     assert other != name and other == pack_name(b"".join(moved))
 
 
-def test_records_read_into_a_packs_buffers_are_checked_as_read_whole(store):
+def test_records_read_into_a_packs_buffers_are_checked_as_read_whole(store, monkeypatch):
     """read_records into buffers of odd sizes (records across two of them) returns the same
     checked records as one buffer; a damaged byte is found either way."""
     from cowfs.remote.upload import _runs, read_records
@@ -355,6 +355,17 @@ def test_records_read_into_a_packs_buffers_are_checked_as_read_whole(store):
     (run,) = _runs(locs)
     whole = [bytes(r) for r in read_records(store, run)]
     total = sum(len(r) for r in whole)
-    bufs = [memoryview(bytearray(n)) for n in (100_003, 65_536, total - 165_539)]
+    bufs = [memoryview(bytearray(n)) for n in (100_003, 7, 1000, 65_536, total - 166_546)]
     assert [bytes(r) for r in read_records(store, run, bufs)] == whole
-    assert any(isinstance(r, bytes) for r in read_records(store, run, bufs))  # one across two buffers
+    assert any(isinstance(r, bytes) for r in read_records(store, run, bufs))  # across two buffers or more
+    seg = store.log.segment(run[0][1].seg_id)
+    real = seg.read_into
+
+    def damaged(offset: int, buffers: list[memoryview]) -> int:  # one byte flipped on its way in
+        n = real(offset, buffers)
+        buffers[3][500] ^= 1
+        return n
+
+    monkeypatch.setattr(seg, "read_into", damaged)
+    with pytest.raises(CorruptData, match="CRC|checksum|mismatch"):
+        read_records(store, run, bufs)
