@@ -95,6 +95,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                     continue
             wake = trio.Event()
             dirty = False
+
             def tell(generation: int, key: str, server: NoticeServer | None = server) -> None:
                 # from the upload thread, once the pass's first catalog object is in: before
                 # a whole catalog is made and uploaded, which may take seconds on a large store
@@ -102,8 +103,8 @@ async def upload_in_background(ops: CowfsOperations) -> None:
                     return
                 try:
                     trio.from_thread.run(_notify, server, generation, key, trio_token=token)
-                except Exception:  # noqa: BLE001 - a notice lost is caught up by the next; the upload goes on
-                    log.exception("notice of generation %d not sent", generation)
+                except (Exception, trio.Cancelled):  # noqa: BLE001 - unmounting, or a notice lost: the pass goes on
+                    log.warning("notice of generation %d not sent", generation, exc_info=True)
 
             try:
                 report = await trio.to_thread.run_sync(

@@ -5,9 +5,9 @@ arrive (remote/notices.py), without polling the bucket.
 On a notice of generation G the daemon brings its catalog file to G (a worker thread: the
 delta applied in place, or a new file from a whole catalog, swapped in), tells the kernel
 which entries and inodes changed, and publishes the changes to `cowfs watch` subscribers,
-all found from the rows the deltas changed (remote/changes.py). The mount is made with the kernel's `ro` flag, so writes fail with
-EROFS before they reach the daemon; control requests that would change the store fail
-with EROFS too (the replica raises ReadOnly).
+all found from the rows the deltas changed (remote/changes.py). The mount is made with the
+kernel's `ro` flag, so writes fail with EROFS before they reach the daemon; control
+requests that would change the store fail with EROFS too (the replica raises ReadOnly).
 """
 from __future__ import annotations
 
