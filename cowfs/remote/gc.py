@@ -29,7 +29,8 @@ from .catalogs import LiveSet
 from .doomed import CLOCK_STEP, MIN_GRACE, DoomedPack, doomed_key, encode_doomed, list_doomed
 from .s3 import Bucket, ListedObject
 from .state import RemoteState
-from .upload import index_key, pack_key, push, refresh
+from .bucket_look import index_key, pack_key, refresh
+from .upload import push
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -29,7 +29,8 @@ from .config import REMOTE_STATE_FILE, RemoteConfig
 from .deltas import apply_delta, parse_delta_name
 from .s3 import Bucket, MissingObject
 from .state import RemoteState
-from .upload import decode_catalog, indexed_packs, read_index
+from .bucket_look import indexed_packs, read_index
+from .upload import decode_catalog
 
 log = logging.getLogger("cowfs.replica")
 CATALOG_SUFFIX = ".db.zst"

@@ -30,7 +30,6 @@ is in.
 """
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 import time
@@ -44,16 +43,16 @@ from ..errors import CorruptData, RemoteError
 from ..store.log import Location
 from ..store.records import RecordError, check_record
 from . import deltas
+from .bucket_look import Look, catalog_key, delta_key, index_key, indexed_packs, pack_key, read_index, refresh
 from .catalogs import retained_catalogs
-from .doomed import MIN_GRACE, look_at_gc
-from .packs import PackArena, PackBuilder, PackIndex, decode_index, encode_index, entries_of_pack, is_pack_name, pack_name
-from .s3 import PART_SIZE, Bucket, MissingObject
+from .doomed import MIN_GRACE
+from .packs import PackArena, PackBuilder, decode_index
+from .s3 import PART_SIZE, Bucket
 from .state import RemoteState
 
 if TYPE_CHECKING:
     from ..store import Store
 
-log = logging.getLogger("cowfs.remote")
 PACK_SIZE = 64 << 20
 WHOLE_EVERY = 0.5  # a whole catalog once the deltas since the last add up to this much of its size
 WHOLE_MIN_BYTES = 1 << 20  # ... but not before they add up to this (an empty delta is 2.5 KB compressed)
@@ -61,37 +60,6 @@ MAX_DELTAS = 64  # ... or this many (a consumer starting from a whole catalog ap
 CATALOG_LEVEL = 3  # zstd level of catalog objects
 MAX_RUN = 8 << 20  # bytes read from a segment at once
 SETTLE_ROUNDS = 5  # looks at gc/ before (and after) the catalog's PUT that may each upload again
-
-
-def pack_key(bucket: Bucket, name: str) -> str:
-    return bucket.key("packs", name)
-
-
-def index_key(bucket: Bucket, name: str) -> str:
-    return bucket.key("index", name)
-
-
-def indexed_packs(bucket: Bucket) -> set[str]:
-    """The names of the packs whose index object is in the bucket (one listing of `index/`)."""
-    prefix = index_key(bucket, "")
-    return {obj.key[len(prefix):] for obj in bucket.list(prefix) if is_pack_name(obj.key[len(prefix):])}
-
-
-def read_index(bucket: Bucket, name: str) -> PackIndex | None:
-    """A pack's index from the bucket, checked against its name; None if it is gone (a sweep
-    deleted it since the listing that named it)."""
-    try:
-        return decode_index(bucket.get(index_key(bucket, name)), expect_name=name)
-    except MissingObject:
-        return None
-
-
-def catalog_key(bucket: Bucket, store_uuid: str, gen: int) -> str:
-    return bucket.key("stores", store_uuid, "catalog", f"{gen:016d}.db.zst")
-
-
-def delta_key(bucket: Bucket, store_uuid: str, gen: int, from_gen: int) -> str:
-    return bucket.key("stores", store_uuid, "catalog", deltas.delta_name(gen, from_gen))
 
 
 @dataclass
@@ -116,74 +84,6 @@ class PushReport:
 
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
-
-
-@dataclass
-class Look:
-    """What one look at the bucket learnt."""
-    indexes_read: int = 0
-    adopted: int = 0
-    forgotten: int = 0
-    doomed_lists: int = 0  # doomed lists new since the last look
-    indexes_listed: bool = False
-
-    @property
-    def lost_holders(self) -> bool:
-        """Did this look take packs away from what holds chunks (forgotten or newly doomed)?
-        If not, a catalog copy that needed nothing more before it needs nothing more now."""
-        return bool(self.forgotten or self.doomed_lists)
-
-
-def refresh(bucket: Bucket, state: RemoteState, adopt: bool = True, indexes: bool = True) -> Look:
-    """Note the doomed packs; read the indexes of packs this store does not know yet and
-    forget the packs whose index (or, with `adopt`, object) is gone; with `adopt`, index
-    orphan packs. `indexes=False` lists `index/` only if a doomed list noted before is gone.
-
-    `gc/` is listed first: a sweep deletes a pack's index, then the pack, then the list that
-    named it, so a pack this look sees neither doomed nor gone was not being deleted by a
-    list it missed."""
-    look = Look()
-    swept, noted = look_at_gc(bucket, state)
-    look.doomed_lists = len(noted)
-    if not indexes and not swept:
-        return look
-    look.indexes_listed = True
-    known = state.known_packs()
-    indexed = indexed_packs(bucket)
-    stored: set[str] | None = None
-    if adopt:
-        pprefix = bucket.key("packs", "")
-        stored = {obj.key[len(pprefix):] for obj in bucket.list(pprefix) if is_pack_name(obj.key[len(pprefix):])}
-    gone = (known - indexed) | (known - stored if stored is not None else set())
-    look.forgotten = state.forget_packs(gone)
-    known -= gone
-    for name in sorted(indexed - known):
-        if stored is not None and name not in stored:
-            continue  # an index whose pack is gone: nothing to read from
-        idx = read_index(bucket, name)
-        if idx is None:
-            continue
-        state.add_pack(name, idx.size, idx.entries, mine=False)
-        look.indexes_read += 1
-    if stored is None:
-        return look
-    doomed = state.doomed_packs()
-    for name in sorted(stored - indexed - known - doomed):  # a doomed orphan goes at the next sweep
-        try:
-            data = bucket.get(pack_key(bucket, name))
-        except MissingObject:
-            continue
-        try:
-            if pack_name(data) != name:
-                raise CorruptData("its bytes do not hash to its name")
-            entries = entries_of_pack(data)
-        except CorruptData as e:  # damaged or foreign: left for fsck and gc, never indexed
-            log.warning("pack %s without an index left alone: %s", name[:16], e)
-            continue
-        bucket.put(index_key(bucket, name), encode_index(name, len(data), entries))
-        state.add_pack(name, len(data), entries, mine=False)
-        look.adopted += 1
-    return look
 
 
 def _runs(locs: list[tuple[bytes, Location]]) -> list[list[tuple[bytes, Location]]]:
@@ -517,5 +417,5 @@ def decode_catalog(data: bytes) -> bytes:
     return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 36)
 
 
-__all__ = ["PushReport", "Look", "push", "refresh", "decode_catalog", "pack_key", "index_key",
-           "catalog_key", "delta_key", "decode_index"]
+__all__ = ["PushReport", "Look", "push", "refresh", "decode_catalog", "pack_key", "index_key", "indexed_packs",
+           "read_index", "catalog_key", "delta_key", "decode_index"]

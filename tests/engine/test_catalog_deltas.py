@@ -64,7 +64,7 @@ def change(s: Store, step: int, kind: int) -> None:
         s.write_file(f"/run/f{step % 4}.bin", data(70_000 + 1000 * (step - 1), step - 1))  # bytes seen before
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.tuples(st.integers(0, 7), st.booleans()), min_size=1, max_size=14))
 def test_deltas_applied_in_turn_give_the_whole_catalog(tmp_path_factory, steps):
     tmp = tmp_path_factory.mktemp("deltas")

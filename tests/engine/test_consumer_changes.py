@@ -66,7 +66,7 @@ def reference(conn: sqlite3.Connection, old: int, new: int) -> list[tuple[str, s
     return sorted(out)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.tuples(st.integers(0, 10), st.booleans()), min_size=1, max_size=12))
 def test_changes_from_a_delta_give_the_events_of_a_tree_comparison(tmp_path_factory, steps):
     tmp = tmp_path_factory.mktemp("changes")
