@@ -82,6 +82,15 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
         await trio.to_thread.run_sync(listener.close)
 
 
+def _invalidate_inodes(inos: set[int]) -> None:
+    """(a worker thread: the call blocks in the kernel) Drop what the kernel caches of them."""
+    for ino in inos:
+        try:
+            pyfuse3.invalidate_inode(ViewTable.encode(LIVE_VIEW, ino))
+        except Exception:  # noqa: BLE001 - not cached: nothing to drop
+            pass
+
+
 async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str) -> None:
     """Fetch generation g, serve it, drop what the kernel caches of what changed since gen."""
     fetched = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
@@ -92,11 +101,7 @@ async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key:
             await trio.to_thread.run_sync(done.close)
     for parent, name in changes.entries:
         pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
-    for ino in changes.inos:
-        try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ViewTable.encode(LIVE_VIEW, ino))
-        except Exception:  # noqa: BLE001 - not cached: nothing to drop
-            pass
+    await trio.to_thread.run_sync(_invalidate_inodes, changes.inos)  # one hop, however many
     if replica.events.active:
         events = await trio.to_thread.run_sync(events_between, replica, changes)
         replica.events.publish(events)

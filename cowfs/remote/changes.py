@@ -14,12 +14,12 @@ inodes, and the subtrees of directories among them, so their cost is that of the
 from __future__ import annotations
 
 import sqlite3
-import stat
 import time
 from dataclasses import dataclass, field
 
 from ..errors import NotFound
 from ..store import namespace as ns
+from ..store.diff import ChunkLists, Node, same_node
 from ..store.events import REMOVE, VERSION, Event
 from ..store.schema import ROOT_INO
 from ..store.namespace import Attr
@@ -83,20 +83,8 @@ def _looked_up(conn: sqlite3.Connection, parent: int, name: bytes, gen: int) -> 
         return None
 
 
-def _chunk_list(conn: sqlite3.Connection, content_id: int | None) -> list[tuple[int, int | None]]:
-    if content_id is None:
-        return []
-    return [(int(n), c) for n, c in conn.execute(
-        "SELECT length, cid FROM extents WHERE content_id=? ORDER BY file_offset", (content_id,))]
-
-
-def _same_file(conn: sqlite3.Connection, a: Attr, b: Attr) -> bool:
-    """Whether two versions of a path are the same as `Store.diff` counts it (type,
-    permission bits, size and chunk sequence)."""
-    if stat.S_IFMT(a.mode) != stat.S_IFMT(b.mode) or stat.S_IMODE(a.mode) != stat.S_IMODE(b.mode):
-        return False
-    return a.size == b.size and (a.content_id == b.content_id
-                                 or _chunk_list(conn, a.content_id) == _chunk_list(conn, b.content_id))
+def _node(a: Attr) -> Node:
+    return Node(a.ino, a.mode, a.size, a.content_id, None)  # (the events name files only: no targets)
 
 
 def events(conn: sqlite3.Connection, changes: Changes) -> list[Event]:
@@ -133,12 +121,13 @@ def events(conn: sqlite3.Connection, changes: Changes) -> list[Event]:
                 after[path] = now
                 if then is not None:
                     before.setdefault(path, then)
+    chunks = ChunkLists(conn)
     stamp = time.time_ns()
     out: list[Event] = []
     for path in sorted(before.keys() | after.keys()):
         b, a = before.get(path), after.get(path)
         if a is None:
             out.append(Event(REMOVE, new, stamp, path=path))
-        elif a.is_file and (b is None or not _same_file(conn, b, a)):
+        elif a.is_file and (b is None or not same_node(_node(b), _node(a), chunks)):
             out.append(Event(VERSION, new, stamp, path=path, size=a.size))
     return out

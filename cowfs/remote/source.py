@@ -23,14 +23,13 @@ from pathlib import Path
 from ..errors import RemoteError, StoreError
 from ..store.log import Location, location
 from ..store.schema import SCHEMA_VERSION
-from .catalogs import CatalogObject, chain_to, retained_catalogs
+from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs
 from .changes import Changes, scan
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .deltas import apply_delta, parse_delta_name
 from .s3 import Bucket, MissingObject
 from .state import RemoteState
 from .bucket_look import indexed_packs, read_index
-from .upload import decode_catalog
 
 log = logging.getLogger("cowfs.replica")
 CATALOG_SUFFIX = ".db.zst"
@@ -196,6 +195,11 @@ class ReplicaSource:
             steps = None
         raise AssertionError("unreachable")
 
+    def _get(self, key: str, dest: Path) -> None:
+        """A catalog object decompressed into `dest`, streamed (catalogs.fetch_catalog)."""
+        if not fetch_catalog(self.bucket, key, dest):
+            raise MissingObject(f"{self.bucket.where}: {key} was deleted since it was listed")
+
     @staticmethod
     def _scan(path: Path, old: int, new: int) -> Changes:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -207,7 +211,7 @@ class ReplicaSource:
     def _whole(self, cat: CatalogObject) -> Path:
         dest = self.cache / catalog_name(self.store_uuid, cat.generation)
         tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_bytes(decode_catalog(self.bucket.get(cat.key)))
+        self._get(cat.key, tmp)
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
             (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -236,7 +240,7 @@ class ReplicaSource:
         assert cat.from_gen is not None
         part = path.with_name(f"{path.name}.{cat.generation}.delta")
         try:
-            part.write_bytes(decode_catalog(self.bucket.get(cat.key)))
+            self._get(cat.key, part)
             conn = sqlite3.connect(path, isolation_level=None)
             try:
                 conn.execute("ATTACH DATABASE ? AS d", (str(part),))

@@ -413,9 +413,5 @@ def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen:
         state.forget_catalogs(old)
 
 
-def decode_catalog(data: bytes) -> bytes:
-    return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 36)
-
-
-__all__ = ["PushReport", "Look", "push", "refresh", "decode_catalog", "pack_key", "index_key", "indexed_packs",
+__all__ = ["PushReport", "Look", "push", "refresh", "pack_key", "index_key", "indexed_packs",
            "read_index", "catalog_key", "delta_key", "decode_index"]

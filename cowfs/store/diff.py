@@ -86,7 +86,7 @@ def tree(conn: sqlite3.Connection, gen: int) -> dict[str, Node]:
     return out
 
 
-class _Chunks:
+class ChunkLists:
     """Chunk lists of bodies, loaded once each."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -106,7 +106,9 @@ class _Chunks:
         return got
 
 
-def _same(a: Node, b: Node, chunks: _Chunks) -> bool:
+def same_node(a: Node, b: Node, chunks: ChunkLists) -> bool:
+    """Whether two nodes of a path are the same: type, permission bits, and for a file its
+    size and chunk sequence, for a symlink its target."""
     if a.kind != b.kind or stat.S_IMODE(a.mode) != stat.S_IMODE(b.mode):
         return False
     if a.kind == "symlink":
@@ -118,7 +120,7 @@ def _same(a: Node, b: Node, chunks: _Chunks) -> bool:
 
 def compare(conn: sqlite3.Connection, gen_a: int, gen_b: int) -> DiffReport:
     a, b = tree(conn, gen_a), tree(conn, gen_b)
-    chunks = _Chunks(conn)
+    chunks = ChunkLists(conn)
     held: set[int] = set()
     for node in a.values():
         if node.content_id is not None:
@@ -135,7 +137,7 @@ def compare(conn: sqlite3.Connection, gen_a: int, gen_b: int) -> DiffReport:
         elif nb is None and na is not None:
             report.entries.append(DiffEntry(REMOVED, path, na.kind, _size(na), None, 0))
         elif na is not None and nb is not None:
-            if _same(na, nb, chunks):
+            if same_node(na, nb, chunks):
                 report.unchanged += 1
             else:
                 report.entries.append(DiffEntry(CHANGED, path, nb.kind, _size(na), _size(nb), shared(nb)))

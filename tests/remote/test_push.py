@@ -291,28 +291,40 @@ def test_a_whole_catalog_every_max_deltas_and_the_chain_before_the_previous_one_
         cfg = configure(s, rgw, s3_bucket.name)
         wholes: list[int] = []
         told: list[tuple[int, str, list[str]]] = []
+        timeline: list[str] = []  # "tell", and "copy" when a pass reads a whole copy of the catalog
+        take = upload.deltas.take
 
         def tell(gen: int, key: str) -> None:  # what the bucket holds when consumers are told
+            timeline.append("tell")
             told.append((gen, key, [k for k in bucket_objects(cfg) if "/catalog/" in k]))
 
+        def taking(store, since, delta, base):  # type: ignore[no-untyped-def]
+            if base is not None:
+                timeline.append("copy")
+            return take(store, since, delta, base)
+
+        monkeypatch.setattr(upload.deltas, "take", taking)
         for k in range(7):
             s.write_file(f"/run/f{k}.bin", data(50_000, 80 + k))
+            start = len(timeline)
             r = tier_of(s).push(on_catalog=tell)
             assert r.delta_key or k == 0
             assert r.told and told[-1][:2] == (r.generation, r.catalog_key)
             assert r.catalog_key == (r.delta_key or r.whole_key) and r.catalog_key in told[-1][2]
             if r.whole_key:
                 wholes.append(r.generation)
-                # told of the delta before the whole catalog was uploaded
-                assert r.whole_key not in told[-1][2] or not r.delta_key
+                if r.delta_key:  # a whole catalog due: told of the delta before the copy was even read
+                    assert timeline[start:] == ["tell", "copy"] and r.whole_key not in told[-1][2]
         assert len(wholes) == 3  # the first pass, then every second delta
         names = [k.rsplit("/", 1)[-1] for k in bucket_objects(cfg) if "/catalog/" in k]
         # kept: the whole catalog before the newest and everything from it on
         assert min(int(n[:16]) for n in names) == wholes[-2]
         assert sorted(int(n[:16]) for n in names if n.endswith(".db.zst")) == wholes[-2:]
         s.write_file("/run/g.bin", data(50_000, 90))
+        start = len(timeline)
         r = tier_of(s).push(whole=True, on_catalog=tell)  # remote gc's pass: one pass, the delta told first
         assert r.delta_key and r.whole_key and told[-1][1] == r.delta_key and r.whole_key not in told[-1][2]
+        assert timeline[start:] == ["copy", "tell"]  # (one read: the copy comes with the delta)
         wholes.append(r.generation)
         names = [k.rsplit("/", 1)[-1] for k in bucket_objects(cfg) if "/catalog/" in k]
         assert {int(n[:16]) for n in names} == {r.generation}  # remote gc's pass keeps nothing older
