@@ -106,9 +106,10 @@ def test_harness_model_is_strict():
 
 @pytest.mark.mount
 @pytest.mark.timeout(420)
-def test_crash_20_cycles_all_recover(tmp_path):
-    out = run_crashtest(tmp_path / "crash", 20, timeout=360)
-    assert "20/20 recovered" in out
+def test_crash_12_cycles_all_recover(tmp_path):
+    # 12 cycles in make test (a fresh random seed each run, so CI runs add up); 100 in the slow test below
+    out = run_crashtest(tmp_path / "crash", 12, timeout=360)
+    assert "12/12 recovered" in out
 
 
 @pytest.mark.mount
