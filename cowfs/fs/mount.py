@@ -128,7 +128,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
             nursery.start_soon(auto_snapshot, quiet, auto_snapshot_every)
         if compact_idle is not None:
             nursery.start_soon(compact_when_idle, ops, compact_idle)
-        nursery.start_soon(_tune_readahead, mountpoint)
+        nursery.start_soon(tune_readahead, mountpoint)
         nursery.start_soon(upload_in_background, ops)
         await pyfuse3.main()
         ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
@@ -136,7 +136,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         nursery.cancel_scope.cancel()
 
 
-async def _tune_readahead(mountpoint: Path) -> None:
+async def tune_readahead(mountpoint: Path) -> None:
     """Raise the mount's read-ahead once the kernel has its INIT reply (which resets it): a
     stat of the mountpoint from a worker thread returns only after this loop served INIT."""
     try:

@@ -33,7 +33,7 @@ from ..store.catalog import Catalog
 from ..store.events import SNAPSHOT, Event
 from ..store.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .control_server import serve_control
-from .mount import LOG_FILE, MountError, _setup_logging, start_daemon
+from .mount import LOG_FILE, MountError, _setup_logging, start_daemon, tune_readahead
 from .operations import CowfsOperations
 from .views import LIVE_VIEW, ViewTable
 
@@ -110,7 +110,8 @@ async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key:
         await trio.to_thread.run_sync(source.drop_catalogs, {fetched.path, *replica.catalog_paths()})
 
 
-async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None) -> None:
+async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None,
+                 mountpoint: Path) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -125,6 +126,7 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd
             os.write(ready_fd, b"OK\n")
             os.close(ready_fd)
         nursery.start_soon(follow, ops, source, gen)
+        nursery.start_soon(tune_readahead, mountpoint)  # READs of 1 MiB, not 128 KiB
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -172,7 +174,7 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
                 log.info("mounted %s (store %s, generation %d) on %s, read-only (pid %d)", cfg.url,
                          source.store_uuid, gen, mountpoint, os.getpid())
                 try:
-                    trio.run(_serve, ops, source, gen, ready_fd)
+                    trio.run(_serve, ops, source, gen, ready_fd, mountpoint)
                 finally:
                     pyfuse3.close(unmount=True)
                     log.info("unmounted %s", mountpoint)

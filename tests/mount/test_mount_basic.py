@@ -12,7 +12,7 @@ import pytest
 from cowfs.mountinfo import process_alive
 from cowfs.store import Store
 
-from tests.support.mountutil import cowfs, kill9, mounted
+from tests.support.mountutil import cowfs, kill9, mounted, read_ahead_kib
 from tests.support.storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
@@ -149,13 +149,6 @@ def test_paths_with_commas_and_backslashes_mount(tmp_path):
     assert_clean(store_path)
 
 
-def _read_ahead_kib(mnt) -> int:  # type: ignore[no-untyped-def]
-    with open("/proc/self/mountinfo") as f:
-        dev = next(line.split()[2] for line in f if line.split()[4] == str(mnt))
-    with open(f"/sys/class/bdi/{dev}/read_ahead_kb") as f:
-        return int(f.read())
-
-
 @pytest.mark.parametrize("extra", [(), ("--writeback-cache",)])
 def test_read_ahead_raised_with_and_without_the_writeback_cache(store_path, tmp_path, extra):
     from cowfs.fs.mount import READ_AHEAD_KIB
@@ -164,9 +157,9 @@ def test_read_ahead_raised_with_and_without_the_writeback_cache(store_path, tmp_
         (m / "model.pt").write_bytes(data(3_000_000, 5))
         assert (m / "model.pt").read_bytes() == data(3_000_000, 5)
         deadline = time.monotonic() + 10  # set by the daemon once the kernel has its INIT reply
-        while _read_ahead_kib(m) != READ_AHEAD_KIB and time.monotonic() < deadline:
+        while read_ahead_kib(m) != READ_AHEAD_KIB and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _read_ahead_kib(m) == READ_AHEAD_KIB
+        assert read_ahead_kib(m) == READ_AHEAD_KIB
 
 
 def test_cp_writes_in_the_preferred_io_size_the_mount_reports(store_path, tmp_path):

@@ -19,12 +19,13 @@ from typing import Iterator
 
 import pytest
 
+from cowfs.fs.mount import READ_AHEAD_KIB
 from cowfs.mountinfo import mounted_cowfs
 from cowfs.remote.catalogs import retained_catalogs
 from cowfs.remote.config import read_remote_config
 from cowfs.remote.s3 import Bucket
 from cowfs.store.layout import read_config
-from tests.support.mountutil import cowfs, force_unmount, kill9, mounted, store_path  # noqa: F401 (a fixture)
+from tests.support.mountutil import cowfs, force_unmount, kill9, mounted, read_ahead_kib, store_path  # noqa: F401 (a fixture)
 from tests.support.storeutil import data
 
 DEADLINE = 120.0  # seconds to wait for a condition (the machine may be busy)
@@ -102,6 +103,8 @@ def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
                  ["catalog_generation"] > 0)
         with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", tmp_path / "cache") as cons:
             wait_for("the first version", lambda: has_bytes(cons / "run" / "model.bin", data(3 << 20, 1)))
+            # the kernel reads ahead as on a producer's mount: READs of 1 MiB, not 128 KiB
+            wait_for("the read-ahead raised", lambda: read_ahead_kib(cons) == READ_AHEAD_KIB)
             watch = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(cons), "--json"],
                                      stdout=subprocess.PIPE, text=True)
             seen: queue.Queue[dict] = queue.Queue()

@@ -37,6 +37,14 @@ def daemon_pid(store: Path) -> int:
     return int((store / "lock").read_text().strip())
 
 
+def read_ahead_kib(mnt: Path) -> int:
+    """The kernel's read-ahead for a mount (its backing device info, found in mountinfo)."""
+    with open("/proc/self/mountinfo") as f:
+        dev = next(line.split()[2] for line in f if line.split()[4] == str(mnt))
+    with open(f"/sys/class/bdi/{dev}/read_ahead_kb") as f:
+        return int(f.read())
+
+
 def force_unmount(mnt: Path) -> None:
     """Best effort, for cleanup after a failure or a kill -9: lazy unmount."""
     if str(mnt) in mounted_cowfs():
