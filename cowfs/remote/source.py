@@ -291,9 +291,12 @@ class ReplicaSource:
         return None if row is None else location(*row)
 
     def drop_catalogs(self, keep: set[Path]) -> None:
+        """Remove the catalog files of the cache but those in `keep` (with their -wal, -shm and
+        .reserve), and what fetches cut short left (a whole catalog's .tmp, a delta's part).
+        Called between fetches, never during one."""
         for f in self.cache.glob("catalog-*.db*"):
-            base = self.cache / f.name.split(".db")[0]
-            if Path(str(base) + ".db") not in keep:
+            base, _, rest = f.name.partition(".db")
+            if rest.endswith((".tmp", ".delta")) or self.cache / f"{base}.db" not in keep:
                 f.unlink(missing_ok=True)
 
     def close(self) -> None:

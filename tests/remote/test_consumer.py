@@ -177,7 +177,8 @@ def catalog_objects(store: Path) -> list[str]:
 def test_a_consumer_follows_deltas_and_catches_up_through_a_whole_catalog(store_path, tmp_path, rgw, s3_bucket):
     """Each new version reaches the consumer as a delta applied to the catalog it holds; a
     consumer away while remote gc replaced the catalog objects it would have continued from
-    starts again from the whole catalog and the deltas after it."""
+    starts again from the whole catalog and the deltas after it, in a new file; the file it
+    held and what fetches cut short left in its cache are removed when it starts."""
     url = f"s3://{s3_bucket.name}/prod"
     cache = tmp_path / "cache"
     with producer(store_path, url, rgw, tmp_path / "prod") as prod:
@@ -189,17 +190,31 @@ def test_a_consumer_follows_deltas_and_catches_up_through_a_whole_catalog(store_
             names = catalog_objects(store_path)
             assert len([n for n in names if n.endswith(".db.zst")]) == 1 and len(names) >= 3, names
             kill9(cache, cons)
-        (prod / "a.bin").write_bytes(data(1 << 20, 4))
-        cowfs("remote", "gc", str(prod), "--grace", "2s")  # a whole catalog; the older objects deleted
+        (prod / "a.bin").write_bytes(data(1 << 20, 4))  # two generations while the consumer is away
+        wait_for("version 4 uploaded", lambda: (lambda st: st["catalog_generation"] == st["generation"])(
+            json.loads(cowfs("remote", "status", str(prod), "--json").stdout)))
+        (prod / "c.bin").write_bytes(data(1 << 10, 6))
+        # a whole catalog; the objects older than it are deleted, the delta from the consumer's generation too
+        cowfs("remote", "gc", str(prod), "--grace", "2s")
         (prod / "b.bin").write_bytes(data(1 << 20, 5))
         wait_for("the delta after the whole catalog", lambda: any(
             n.endswith(".delta.zst") and int(n[:16]) > int(w[:16])
             for names in [catalog_objects(store_path)] for w in names if w.endswith(".db.zst") for n in names))
         names = catalog_objects(store_path)
-        assert len([n for n in names if n.endswith(".db.zst")]) == 1, names
+        (whole,) = [n for n in names if n.endswith(".db.zst")]
+        held = [f.name for f in cache.glob("catalog-*.db")]
+        assert len(held) == 1, held
+        # a fetch of that whole catalog cut short by a crash, and a delta's part
+        uuid = read_config(store_path).store_uuid
+        (cache / f"catalog-{uuid}-{whole[:16]}.db.tmp").write_bytes(b"cut short")
+        (cache / f"{held[0]}.99.delta").write_bytes(b"cut short")
         with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
             wait_for("caught up", lambda: has_bytes(cons / "a.bin", data(1 << 20, 4))
                      and has_bytes(cons / "b.bin", data(1 << 20, 5)))
+            # a new file from the whole catalog serves; the one held before and the leftovers went at start
+            left = {f.name for f in cache.glob("catalog-*")}
+            assert f"catalog-{uuid}-{whole[:16]}.db" in left, left
+            assert not left & {held[0], f"{held[0]}.99.delta", f"catalog-{uuid}-{whole[:16]}.db.tmp"}, left
 
 
 def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):

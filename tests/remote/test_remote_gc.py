@@ -6,9 +6,6 @@ pack affects. Ages are waited for on the engine's clock (tests/support/remoteuti
 from __future__ import annotations
 
 import json
-import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,7 +23,8 @@ from cowfs.remote.state import RemoteState
 from cowfs.remote.tier import tier_of
 from cowfs.store import ROOT_INO, Store
 from tests.support.mountutil import cowfs, mounted
-from tests.support.remoteutil import bucket_objects, pack_names, read_back, wait_older
+from tests.support.remoteutil import (bucket_objects, configure, delete_pack, one_store, pack_names, put_file, read_back,
+                                     wait_older)
 from tests.support.storeutil import assert_clean, data, new_store
 
 GRACE = 2.0  # the shortest the protocol allows (doomed.MIN_GRACE)
@@ -37,22 +35,6 @@ DEADLINE = 120.0
 def aws_env(rgw, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
-
-
-def configure(store: Store, rgw, bucket: str, prefix: str = "p") -> RemoteConfig:
-    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.credentials.endpoint)
-    tier_of(store).set(cfg)
-    return cfg
-
-
-def put_file(s: Store, name: str, blob: bytes) -> set[str]:
-    """Write /run/NAME, push; returns the packs that push added."""
-    cfg = tier_of(s).config
-    assert cfg is not None
-    before = pack_names(cfg)
-    s.write_file(f"/run/{name}", blob)
-    tier_of(s).push()
-    return pack_names(cfg) - before
 
 
 def forget(s: Store, *names: str) -> None:
@@ -68,13 +50,6 @@ def forget(s: Store, *names: str) -> None:
 
 def keys(cfg: RemoteConfig, kind: str) -> list[str]:
     return sorted(k for k in bucket_objects(cfg) if f"/{kind}/" in k)
-
-
-def delete_pack(cfg: RemoteConfig, name: str) -> None:
-    """What a sweep does to a pack: its index, then its object."""
-    b = Bucket(cfg)
-    b.delete([b.key("index", name)])
-    b.delete([b.key("packs", name)])
 
 
 class Hand:
@@ -156,12 +131,6 @@ def test_two_stores_sharing_a_prefix_keep_what_either_uses(tmp_path, rgw, s3_buc
         assert out.startswith("remote fsck: clean"), out
     for p in (p1, p2):
         assert_clean(p)
-
-
-def one_store(tmp_path: Path, rgw, s3_bucket, name: str = "s", prefix: str = "p") -> tuple[Store, RemoteConfig]:
-    s = Store.open(new_store(tmp_path / name))
-    s.mkdir(ROOT_INO, b"run")
-    return s, configure(s, rgw, s3_bucket.name, prefix)
 
 
 def test_a_chunk_needed_again_after_its_pack_was_marked_goes_up_again(tmp_path, rgw, s3_bucket, hands):
@@ -418,110 +387,4 @@ def test_gc_aborts_old_incomplete_uploads_and_deletes_damaged_doomed_lists(tmp_p
         assert up not in [u.upload_id for u in bucket.incomplete_uploads(bucket.key(""))]
         assert junk not in bucket_objects(cfg)
         assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": blob, "/run/b.bin": blob[::-1]}
-    assert_clean(s.root)
-
-
-def stray_rows(catalog: Path, source: ReplicaSource) -> int:
-    """Chunk rows of a consumer's catalog file that point at a pack its remote.db does not know."""
-    conn = sqlite3.connect(catalog)
-    try:
-        conn.execute("ATTACH DATABASE ? AS r", (str(source.cache / "remote.db"),))
-        return int(conn.execute("SELECT count(*) FROM chunks WHERE seg_id != 0 AND seg_id NOT IN"
-                                " (SELECT id FROM r.packs)").fetchone()[0])
-    finally:
-        conn.close()
-
-
-def test_a_consumer_points_again_the_rows_of_a_pack_deleted_under_it(tmp_path, rgw, s3_bucket):
-    """A pack deleted by hand (fsck's way back): the producer's next pass finds it gone,
-    uploads its chunks again and a whole catalog beside the delta; a consumer applying the
-    delta points the rows it had in that pack at the new one. Its catalog file is made as one
-    from before deltas (no replica_packs_used) first. Then a held catalog the next delta does
-    not apply to: the consumer starts again from the whole catalog."""
-    blob = data(2 << 20, 70)
-    s, cfg = one_store(tmp_path, rgw, s3_bucket)
-    with s:
-        (pack,) = put_file(s, "a.bin", blob)
-        src = ReplicaSource(tmp_path / "cache", cfg, s.config.store_uuid)
-        try:
-            held = src.fetch_catalog(*src.newest()).path
-            conn = sqlite3.connect(held)
-            conn.execute("DROP TABLE replica_packs_used")
-            conn.commit()
-            conn.close()
-            delete_pack(cfg, pack)
-            s.write_file("/run/b.bin", data(100_000, 71))
-            r = tier_of(s).push()
-            assert r.whole_key and r.delta_key and r.bytes > len(blob) and pack not in pack_names(cfg)
-            new = src.fetch_catalog(r.generation, r.delta_key).path
-            assert new == held  # applied in place
-            assert stray_rows(new, src) == 0
-            conn = sqlite3.connect(new)
-            assert conn.execute("SELECT count(*) FROM chunks WHERE seg_id = 0").fetchone()[0] == 0
-            conn.execute("UPDATE meta SET value='another' WHERE key='store_uuid'")  # no delta applies to it now
-            conn.commit()
-            conn.close()
-            s.write_file("/run/c.bin", data(100_000, 72))
-            r2 = tier_of(s).push()
-            assert r2.delta_key and not r2.whole_key
-            last = src.fetch_catalog(r2.generation, r2.delta_key).path
-            assert last != held  # a new file, from the whole catalog
-            conn = sqlite3.connect(last)
-            names = {bytes(n) for (n,) in conn.execute("SELECT name FROM dentries WHERE death_gen > ?", (r2.generation,))}
-            uuid = conn.execute("SELECT value FROM meta WHERE key='store_uuid'").fetchone()[0]
-            conn.close()
-            assert {b"a.bin", b"b.bin", b"c.bin"} <= names and uuid == s.config.store_uuid
-            assert stray_rows(last, src) == 0
-        finally:
-            src.close()
-        assert read_back(cfg, s.config.store_uuid, tmp_path) == {
-            "/run/a.bin": blob, "/run/b.bin": data(100_000, 71), "/run/c.bin": data(100_000, 72)}
-    assert_clean(s.root)
-
-
-KILLED_MID_DELTA = """
-import os, signal, sys
-from pathlib import Path
-from cowfs.remote import source
-from cowfs.remote.config import RemoteConfig
-
-def apply_then_die(conn, from_gen):
-    source_apply(conn, from_gen)
-    os.kill(os.getpid(), signal.SIGKILL)  # inside the transaction, the delta's rows written
-
-source_apply, source.apply_delta = source.apply_delta, apply_then_die
-url, endpoint, cache, uuid, gen, key = sys.argv[1:]
-src = source.ReplicaSource(Path(cache), RemoteConfig(url, endpoint=endpoint), uuid)
-src.fetch_catalog(int(gen), key)
-"""
-
-
-def test_a_consumer_killed_while_applying_a_delta_holds_the_generation_before(tmp_path, rgw, s3_bucket, monkeypatch):
-    """kill -9 of a consumer inside the transaction that applies a delta to its catalog file in
-    place: the file still holds the generation before, whole; the delta then applies."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
-    s, cfg = one_store(tmp_path, rgw, s3_bucket)
-    cache = tmp_path / "cache"
-    with s:
-        put_file(s, "a.bin", data(300_000, 80))
-        src = ReplicaSource(cache, cfg, s.config.store_uuid)
-        try:
-            first = src.fetch_catalog(*src.newest())
-            s.write_file("/run/b.bin", data(200_000, 81))
-            r = tier_of(s).push()
-            assert r.delta_key
-            child = subprocess.run([sys.executable, "-c", KILLED_MID_DELTA, cfg.url, str(cfg.endpoint), str(cache),
-                                    s.config.store_uuid, str(r.generation), r.delta_key], capture_output=True)
-            assert child.returncode == -9, child.stderr.decode()
-            assert src.current() == (first.path, first.generation)
-            conn = sqlite3.connect(first.path)
-            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            conn.close()
-            got = src.fetch_catalog(r.generation, r.delta_key)
-            assert (got.path, got.generation, got.new_file) == (first.path, r.generation, False)
-            assert {(n, p) for p, n in got.changes.entries} >= {(b"b.bin", s.resolve("/run").ino)}
-            assert stray_rows(got.path, src) == 0
-        finally:
-            src.close()
     assert_clean(s.root)

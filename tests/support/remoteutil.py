@@ -1,6 +1,6 @@
 """What the remote tests share: a bucket's listing, waiting for objects to age on the
-engine's clock, and a store's files read back from the bucket alone (newest catalog object,
-the indexes, ranged GETs of the packs)."""
+engine's clock, a store's files read back from the bucket alone (newest catalog object,
+the indexes, ranged GETs of the packs), and a store with a remote made and written to."""
 from __future__ import annotations
 
 import sqlite3
@@ -14,6 +14,9 @@ from cowfs.remote.packs import decode_index
 from cowfs.remote.s3 import Bucket
 from cowfs.remote.state import RemoteState
 from cowfs.remote.catalogs import chain_to, materialize, retained_catalogs
+from cowfs.remote.tier import tier_of
+from cowfs.store import ROOT_INO, Store
+from tests.support.storeutil import new_store
 
 
 def bucket_objects(cfg: RemoteConfig) -> dict[str, int]:
@@ -75,3 +78,33 @@ def read_back(cfg: RemoteConfig, store_uuid: str, tmp: Path, directory: bytes = 
     conn.close()
     state.close()
     return out
+
+
+def configure(store: Store, rgw, bucket: str, prefix: str = "p") -> RemoteConfig:  # type: ignore[no-untyped-def]
+    cfg = RemoteConfig(f"s3://{bucket}/{prefix}", endpoint=rgw.credentials.endpoint)
+    tier_of(store).set(cfg)
+    return cfg
+
+
+def put_file(s: Store, name: str, blob: bytes) -> set[str]:
+    """Write /run/NAME, push; returns the packs that push added."""
+    cfg = tier_of(s).config
+    assert cfg is not None
+    before = pack_names(cfg)
+    s.write_file(f"/run/{name}", blob)
+    tier_of(s).push()
+    return pack_names(cfg) - before
+
+
+def delete_pack(cfg: RemoteConfig, name: str) -> None:
+    """What a sweep does to a pack: its index, then its object."""
+    b = Bucket(cfg)
+    b.delete([b.key("index", name)])
+    b.delete([b.key("packs", name)])
+
+
+def one_store(tmp_path: Path, rgw, s3_bucket, name: str = "s",  # type: ignore[no-untyped-def]
+              prefix: str = "p") -> tuple[Store, RemoteConfig]:
+    s = Store.open(new_store(tmp_path / name))
+    s.mkdir(ROOT_INO, b"run")
+    return s, configure(s, rgw, s3_bucket.name, prefix)
