@@ -7,11 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import queue
-import subprocess
-import sys
-import threading
-import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,77 +15,19 @@ from typing import Iterator
 import pytest
 
 from cowfs.fs.mount import READ_AHEAD_KIB
-from cowfs.mountinfo import mounted_cowfs
 from cowfs.remote.catalogs import retained_catalogs
 from cowfs.remote.config import read_remote_config
 from cowfs.remote.s3 import Bucket
 from cowfs.store.layout import read_config
-from tests.support.mountutil import cowfs, force_unmount, kill9, mounted, read_ahead_kib, store_path  # noqa: F401 (a fixture)
+from tests.support.consumerutil import Consumer, Watch, drain, has_bytes, subscribed, wait_for
+from tests.support.mountutil import cowfs, kill9, mounted, read_ahead_kib, store_path  # noqa: F401 (a fixture)
 from tests.support.storeutil import data
-
-DEADLINE = 120.0  # seconds to wait for a condition (the machine may be busy)
 
 
 @pytest.fixture(autouse=True)
 def aws_env(rgw, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
-
-
-def wait_for(what: str, cond) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + DEADLINE
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {DEADLINE} s"
-        time.sleep(0.05)
-
-
-def has_bytes(path: Path, expect: bytes) -> bool:
-    try:
-        return path.read_bytes() == expect
-    except OSError:
-        return False
-
-
-def drain(seen: "queue.Queue[dict]", until) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Events up to and including the first that `until` accepts."""
-    out: list[dict] = []
-    deadline = time.monotonic() + DEADLINE
-    while not out or not until(out[-1]):
-        out.append(seen.get(timeout=max(deadline - time.monotonic(), 0.01)))
-    return out
-
-
-def subscribed(prod: Path, seen: "queue.Queue[dict]") -> None:
-    """Write probe files on the producer until the consumer's watch reports one."""
-    for i in range(200):
-        (prod / "run" / f".probe-{i}").write_bytes(b"p")
-        try:
-            drain_deadline = time.monotonic() + 1.0
-            while time.monotonic() < drain_deadline:
-                e = seen.get(timeout=max(drain_deadline - time.monotonic(), 0.01))
-                if e.get("path", "").startswith("/run/.probe-"):
-                    return
-        except queue.Empty:
-            pass
-    raise AssertionError("the consumer's watch never reported a probe file")
-
-
-class Consumer:
-    """`cowfs mount s3://... --read-only --cache DIR` in a context that always unmounts."""
-
-    def __init__(self, url: str, endpoint: str, mnt: Path, cache: Path) -> None:
-        self.args = ("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint)
-        self.mnt, self.cache = mnt, cache
-
-    def __enter__(self) -> Path:
-        self.mnt.mkdir(exist_ok=True)
-        cowfs(*self.args)
-        return self.mnt
-
-    def __exit__(self, *exc: object) -> None:
-        if str(self.mnt) in mounted_cowfs():
-            if cowfs("umount", str(self.mnt), check=False).returncode != 0:
-                force_unmount(self.mnt)
 
 
 def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
@@ -105,11 +42,7 @@ def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
             wait_for("the first version", lambda: has_bytes(cons / "run" / "model.bin", data(3 << 20, 1)))
             # the kernel reads ahead as on a producer's mount: READs of 1 MiB, not 128 KiB
             wait_for("the read-ahead raised", lambda: read_ahead_kib(cons) == READ_AHEAD_KIB)
-            watch = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(cons), "--json"],
-                                     stdout=subprocess.PIPE, text=True)
-            seen: queue.Queue[dict] = queue.Queue()
-            threading.Thread(target=lambda: [seen.put(json.loads(x)) for x in watch.stdout], daemon=True).start()
-            try:
+            with Watch(cons) as seen:
                 subscribed(prod, seen)
                 # new versions appear without the consumer polling, and watch reports them
                 for k in range(2, 5):
@@ -120,9 +53,6 @@ def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):
                                                           data(3 << 20, 4)))
                 events = drain(seen, lambda e: e.get("kind") == "snapshot")
                 assert any(e["kind"] == "version" and e["path"] == "/run/model.bin" for e in events)
-            finally:
-                watch.terminate()
-                watch.wait(timeout=30)
             # the CLI reaches the consumer's daemon through its mountpoint
             assert b"model.bin" in cowfs("ls", str(cons), "/run").stdout
             assert cowfs("cat", str(cons), "/run/model.bin", "--snapshot", "step-4").stdout == data(3 << 20, 4)
