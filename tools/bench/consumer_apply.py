@@ -32,10 +32,9 @@ from cowfs.remote.config import RemoteConfig
 from cowfs.remote.source import ReplicaSource
 from cowfs.remote.tier import tier_of
 from cowfs.store import ROOT_INO, Store
-from tests.support.rgw import RgwCluster
 from tests.support.storeutil import data, new_store
 
-from .remote import _client
+from .remote import bench_engine
 
 
 def _producer(root: Path, url: str, endpoint: str, rows: int) -> Store:
@@ -61,14 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="cowfs-bench-apply-", dir=args.dir) as tmp:
         work = Path(tmp)
-        with RgwCluster(work / "rgw") as cluster:
-            creds = cluster.credentials
-            assert creds is not None
-            os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = creds.access_key, creds.secret_key
-            _client(creds.endpoint).create_bucket(Bucket="bench")
+        with bench_engine(work) as (_cluster, endpoint):
             arms = {"small": 0, "large": args.rows}
-            stores = {k: _producer(work / k, f"s3://bench/{k}", creds.endpoint, n) for k, n in arms.items()}
-            sources = {k: ReplicaSource(work / f"cache-{k}", RemoteConfig(f"s3://bench/{k}", endpoint=creds.endpoint),
+            stores = {k: _producer(work / k, f"s3://bench/{k}", endpoint, n) for k, n in arms.items()}
+            sources = {k: ReplicaSource(work / f"cache-{k}", RemoteConfig(f"s3://bench/{k}", endpoint=endpoint),
                                         s.config.store_uuid) for k, s in stores.items()}
             times: dict[str, list[float]] = {k: [] for k in arms}
             told: dict[str, list[float]] = {}

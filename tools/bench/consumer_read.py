@@ -27,11 +27,10 @@ from pathlib import Path
 
 from cowfs.mountinfo import mounted_cowfs
 from tests.support.mountutil import read_ahead_kib
-from tests.support.rgw import RgwCluster
 from tools.harnessutil import run_cowfs
 
 from .mounting import cpu_seconds, drop_caches, init_store, mounted
-from .remote import _client
+from .remote import _client, bench_engine
 
 MIB = 1 << 20
 
@@ -80,16 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     reads: dict[Path, list[float]] = {c: [] for c in codes}
     with tempfile.TemporaryDirectory(prefix="cowfs-bench-cread-", dir=args.dir) as tmp:
         work = Path(tmp)
-        with RgwCluster(work / "rgw") as cluster:
-            creds = cluster.credentials
-            assert creds is not None
-            os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = creds.access_key, creds.secret_key
-            client = _client(creds.endpoint)
-            client.create_bucket(Bucket="bench")
-            client.put_object(Bucket="bench", Key="get-baseline", Body=os.urandom(size))
+        with bench_engine(work) as (cluster, endpoint):
+            _client(endpoint).put_object(Bucket="bench", Key="get-baseline", Body=os.urandom(size))
             store = init_store(work / "store")
             url = "s3://bench/series"
-            run_cowfs("remote", "set", str(store), url, "--endpoint", creds.endpoint)
+            run_cowfs("remote", "set", str(store), url, "--endpoint", endpoint)
             with mounted(store, work / "prod") as prod:
                 with open(prod.mnt / "ckpt.bin", "wb") as f:
                     for _ in range(size // (4 * MIB)):
@@ -99,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             gib = size / (1 << 30)
             for _ in range(args.reps):
                 for code in codes:
-                    beside = ranged_gets(creds.endpoint, "get-baseline", size)
+                    beside = ranged_gets(endpoint, "get-baseline", size)
                     drop_caches()
                     shutil.rmtree(work / "cache", ignore_errors=True)
-                    with consumer(code, url, creds.endpoint, work / "cons", work / "cache") as pid:
+                    with consumer(code, url, endpoint, work / "cons", work / "cache") as pid:
                         e0, c0, r0 = sum(map(cpu_seconds, engine)), cpu_seconds(pid), os.times()
                         t = time.perf_counter()
                         with open(work / "cons" / "ckpt.bin", "rb", buffering=0) as f:

@@ -44,6 +44,18 @@ from .mounting import drop_caches, init_store, mounted
 MIB = 1 << 20
 
 
+@contextlib.contextmanager
+def bench_engine(work: Path) -> Iterator[tuple[RgwCluster, str]]:
+    """A one-node Ceph RGW under `work`, its keys in AWS_* of this process and a bucket
+    `bench` made; yields the cluster and its endpoint."""
+    with RgwCluster(work / "rgw") as cluster:
+        creds = cluster.credentials
+        assert creds is not None
+        os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = creds.access_key, creds.secret_key
+        _client(creds.endpoint).create_bucket(Bucket="bench")
+        yield cluster, creds.endpoint
+
+
 def _client(endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         config=Config(s3={"addressing_style": "path"}, signature_version="s3v4",
