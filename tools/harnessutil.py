@@ -7,6 +7,7 @@ lazy_unmount) are the product's own and live in cowfs.mountinfo.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,14 @@ class CliError(RuntimeError):
         self.result = result
 
 
-def run_cowfs(*args: str, check: bool = True, timeout: float = 300, text: bool = True) -> subprocess.CompletedProcess:
+def run_cowfs(*args: str, check: bool = True, timeout: float = 300, text: bool = True,
+              code: Path | None = None) -> subprocess.CompletedProcess:
     """Run `python -m cowfs.cli ARGS` with no stdin, output captured; CliError on a non-zero exit
-    when `check` is set."""
+    when `check` is set. `code`: the source tree to run cowfs from (an A/B against another
+    commit's worktree; its daemons inherit it), else the one this process imports."""
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     r = subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, text=text,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+                       timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=code)
     if check and r.returncode != 0:
         raise CliError(args, r)
     return r

@@ -120,15 +120,11 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         nursery.start_soon(on_signals)
         if snapshot_on == SNAPSHOT_ON_CHECKPOINT:  # subscribed before the mount is reported live
             await nursery.start(checkpoint_snapshots, quiet)
-        await nursery.start(serve_control, ops, ops.store.root)
-        if ready_fd is not None:  # live: mounted, and the control socket listens
-            os.write(ready_fd, b"OK\n")
-            os.close(ready_fd)
+        await go_live(nursery, ops, mountpoint, ready_fd)
         if auto_snapshot_every:
             nursery.start_soon(auto_snapshot, quiet, auto_snapshot_every)
         if compact_idle is not None:
             nursery.start_soon(compact_when_idle, ops, compact_idle)
-        nursery.start_soon(tune_readahead, mountpoint)
         nursery.start_soon(upload_in_background, ops)
         await pyfuse3.main()
         ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
@@ -136,7 +132,17 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         nursery.cancel_scope.cancel()
 
 
-async def tune_readahead(mountpoint: Path) -> None:
+async def go_live(nursery: trio.Nursery, ops: CowfsOperations, mountpoint: Path, ready_fd: int | None) -> None:
+    """What every cowfs mount (a store's, a consumer's of a bucket) does once mounted: serve
+    the control socket, report live to the parent through `ready_fd`, raise the read-ahead."""
+    await nursery.start(serve_control, ops, ops.store.root)
+    if ready_fd is not None:  # live: mounted, and the control socket listens
+        os.write(ready_fd, b"OK\n")
+        os.close(ready_fd)
+    nursery.start_soon(_tune_readahead, mountpoint)
+
+
+async def _tune_readahead(mountpoint: Path) -> None:
     """Raise the mount's read-ahead once the kernel has its INIT reply (which resets it): a
     stat of the mountpoint from a worker thread returns only after this loop served INIT."""
     try:

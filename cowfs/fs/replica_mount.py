@@ -32,8 +32,7 @@ from ..remote.source import ReplicaSource
 from ..store.catalog import Catalog
 from ..store.events import SNAPSHOT, Event
 from ..store.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
-from .control_server import serve_control
-from .mount import LOG_FILE, MountError, _setup_logging, start_daemon, tune_readahead
+from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
 from .views import LIVE_VIEW, ViewTable
 
@@ -121,12 +120,8 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd
                     return
 
         nursery.start_soon(on_signals)
-        await nursery.start(serve_control, ops, ops.store.root)
-        if ready_fd is not None:
-            os.write(ready_fd, b"OK\n")
-            os.close(ready_fd)
+        await go_live(nursery, ops, mountpoint, ready_fd)
         nursery.start_soon(follow, ops, source, gen)
-        nursery.start_soon(tune_readahead, mountpoint)  # READs of 1 MiB, not 128 KiB
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

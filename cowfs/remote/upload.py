@@ -43,10 +43,10 @@ from ..errors import CorruptData, RemoteError
 from ..store.log import Location
 from ..store.records import RecordError, check_record
 from . import deltas
-from .bucket_look import Look, catalog_key, delta_key, index_key, indexed_packs, pack_key, read_index, refresh
+from .bucket_look import catalog_key, delta_key, index_key, pack_key, refresh
 from .catalogs import retained_catalogs
 from .doomed import MIN_GRACE
-from .packs import PackArena, PackBuilder, decode_index
+from .packs import PackArena, PackBuilder
 from .s3 import PART_SIZE, Bucket
 from .state import RemoteState
 
@@ -413,5 +413,4 @@ def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen:
         state.forget_catalogs(old)
 
 
-__all__ = ["PushReport", "Look", "push", "refresh", "pack_key", "index_key", "indexed_packs",
-           "read_index", "catalog_key", "delta_key", "decode_index"]
+__all__ = ["PushReport", "push", "read_records"]

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from cowfs.mountinfo import mounted_cowfs, process_alive
+from cowfs.mountinfo import mount_fields, mounted_cowfs, process_alive
 
 import pytest
 
@@ -39,9 +39,9 @@ def daemon_pid(store: Path) -> int:
 
 def read_ahead_kib(mnt: Path) -> int:
     """The kernel's read-ahead for a mount (its backing device info, found in mountinfo)."""
-    with open("/proc/self/mountinfo") as f:
-        dev = next(line.split()[2] for line in f if line.split()[4] == str(mnt))
-    with open(f"/sys/class/bdi/{dev}/read_ahead_kb") as f:
+    fields = mount_fields(mnt)
+    assert fields is not None, f"{mnt} is not mounted"
+    with open(f"/sys/class/bdi/{fields[2]}/read_ahead_kb") as f:
         return int(f.read())
 
 

@@ -14,55 +14,21 @@ daemon got (from its mount's read-ahead); then the medians per tree.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cowfs.mountinfo import mounted_cowfs
 from tests.support.mountutil import read_ahead_kib
 from tools.harnessutil import run_cowfs
 
 from .mounting import cpu_seconds, drop_caches, init_store, mounted
-from .remote import _client, bench_engine
+from .remote import _client, bench_engine, consumer, ranged_gets
 
 MIB = 1 << 20
-
-
-def ranged_gets(endpoint: str, key: str, size: int) -> float:
-    """MB/s of 4 MiB ranged GETs of the whole object by 8 threads (what a consumer does)."""
-    c = _client(endpoint)
-
-    def part(k: int) -> int:
-        end = min(size, (k + 1) * 4 * MIB) - 1
-        return len(c.get_object(Bucket="bench", Key=key, Range=f"bytes={k * 4 * MIB}-{end}")["Body"].read())
-
-    t = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        assert sum(pool.map(part, range((size + 4 * MIB - 1) // (4 * MIB)))) == size
-    return size / (time.perf_counter() - t) / 1e6
-
-
-@contextlib.contextmanager
-def consumer(code: Path, url: str, endpoint: str, mnt: Path, cache: Path):  # type: ignore[no-untyped-def]
-    """A consumer daemon run from the source tree `code`; yields its pid."""
-    env = dict(os.environ, PYTHONPATH=str(code))
-    mnt.mkdir(exist_ok=True)
-    subprocess.run([sys.executable, "-m", "cowfs.cli", "mount", url, str(mnt), "--read-only", "--cache", str(cache),
-                    "--endpoint", endpoint], check=True, env=env, cwd=code, stdin=subprocess.DEVNULL,
-                   capture_output=True)
-    try:
-        yield int((cache / "lock").read_text().split()[0])
-    finally:
-        if str(mnt) in mounted_cowfs():
-            subprocess.run([sys.executable, "-m", "cowfs.cli", "umount", str(mnt)], env=env, cwd=code,
-                           capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
             gib = size / (1 << 30)
             for _ in range(args.reps):
                 for code in codes:
-                    beside = ranged_gets(endpoint, "get-baseline", size)
+                    beside = ranged_gets(endpoint, "bench", "get-baseline", size)
                     drop_caches()
                     shutil.rmtree(work / "cache", ignore_errors=True)
-                    with consumer(code, url, endpoint, work / "cons", work / "cache") as pid:
+                    with consumer(url, endpoint, work / "cons", work / "cache", code=code):
+                        pid = int((work / "cache" / "lock").read_text().split()[0])
                         e0, c0, r0 = sum(map(cpu_seconds, engine)), cpu_seconds(pid), os.times()
                         t = time.perf_counter()
                         with open(work / "cons" / "ckpt.bin", "rb", buffering=0) as f:

@@ -62,6 +62,20 @@ def _client(endpoint: str) -> Any:
                                       max_pool_connections=16))
 
 
+def ranged_gets(endpoint: str, bucket: str, key: str, size: int) -> float:
+    """MB/s of 4 MiB ranged GETs of a whole `size`-byte object by 8 threads (what a consumer does)."""
+    c = _client(endpoint)
+
+    def part(k: int) -> int:
+        end = min(size, (k + 1) * 4 * MIB) - 1
+        return len(c.get_object(Bucket=bucket, Key=key, Range=f"bytes={k * 4 * MIB}-{end}")["Body"].read())
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(part, range((size + 4 * MIB - 1) // (4 * MIB)))) == size
+    return size / (time.perf_counter() - t) / 1e6
+
+
 def rgw_get(endpoint: str, bucket: str, size: int, reps: int) -> dict[str, list[float]]:
     c = _client(endpoint)
     blob = os.urandom(size)
@@ -71,16 +85,7 @@ def rgw_get(endpoint: str, bucket: str, size: int, reps: int) -> dict[str, list[
         t = time.perf_counter()
         assert len(c.get_object(Bucket=bucket, Key="bench/get-baseline")["Body"].read()) == size
         whole.append(size / (time.perf_counter() - t) / 1e6)
-        t = time.perf_counter()
-
-        def part(k: int) -> int:
-            end = min(size, (k + 1) * 4 * MIB) - 1
-            return len(c.get_object(Bucket=bucket, Key="bench/get-baseline", Range=f"bytes={k * 4 * MIB}-{end}")
-                       ["Body"].read())
-
-        with ThreadPoolExecutor(8) as pool:
-            assert sum(pool.map(part, range((size + 4 * MIB - 1) // (4 * MIB)))) == size
-        ranged.append(size / (time.perf_counter() - t) / 1e6)
+        ranged.append(ranged_gets(endpoint, bucket, "bench/get-baseline", size))
     return {"whole_mb_s": whole, "ranged_8x4MiB_mb_s": ranged}
 
 
@@ -137,21 +142,23 @@ def _watch_lines(target: Path) -> tuple[subprocess.Popen, "queue.Queue[tuple[flo
 
 
 @contextlib.contextmanager
-def _consumer(url: str, endpoint: str, mnt: Path, cache: Path) -> Iterator[Path]:
+def consumer(url: str, endpoint: str, mnt: Path, cache: Path, code: Path | None = None) -> Iterator[Path]:
+    """A consumer's read-only mount of the bucket for the body of the with-block, its daemon
+    run from the source tree `code` if given (harnessutil.run_cowfs)."""
     mnt.mkdir(exist_ok=True)
-    run_cowfs("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint)
+    run_cowfs("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint, code=code)
     try:
         yield mnt
     finally:
         if str(mnt) in mounted_cowfs():
-            run_cowfs("umount", str(mnt))
+            run_cowfs("umount", str(mnt), code=code)
 
 
 def notices_and_reads(work: Path, url: str, store: Path, endpoint: str, versions: int, size: int,
                       reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with mounted(store, work / "m-remote") as prod:
-        with _consumer(url, endpoint, work / "cons", work / "cache") as cons:
+        with consumer(url, endpoint, work / "cons", work / "cache") as cons:
             watch, q = _watch_lines(cons)
             try:
                 def version() -> float:
@@ -191,7 +198,7 @@ def notices_and_reads(work: Path, url: str, store: Path, endpoint: str, versions
         beside += rgw_get(endpoint, "bench", size, 1)["ranged_8x4MiB_mb_s"]
         drop_caches()
         shutil.rmtree(work / "cache" / "blocks", ignore_errors=True)
-        with _consumer(url, endpoint, work / "cons", work / "cache") as cons:  # a new daemon: nothing in memory
+        with consumer(url, endpoint, work / "cons", work / "cache") as cons:  # a new daemon: nothing in memory
             t = time.perf_counter()
             with open(cons / newest, "rb", buffering=0) as f:
                 while f.read(1 << 20):
@@ -251,24 +258,20 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as cleanup:
             if args.rgw_dir:
                 cleanup.callback(shutil.rmtree, rgw_parent, True)
-            cluster = cleanup.enter_context(RgwCluster(rgw_parent / "rgw"))
+            cluster, endpoint = cleanup.enter_context(bench_engine(rgw_parent))
             if args.rgw_nice:
                 _renice(cluster.pids.values(), args.rgw_nice)
-            creds = cluster.credentials
-            assert creds is not None
-            os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = creds.access_key, creds.secret_key
-            _client(creds.endpoint).create_bucket(Bucket="bench")
             url = "s3://bench/series"
             res: dict[str, Any] = {"size_mib": args.size_mib}
-            res["rgw_get"] = rgw_get(creds.endpoint, "bench", size, args.reps)
+            res["rgw_get"] = rgw_get(endpoint, "bench", size, args.reps)
             print(json.dumps(res["rgw_get"]), flush=True)
-            res["saves"] = saves(work, url, creds.endpoint, size, args.saves)
+            res["saves"] = saves(work, url, endpoint, size, args.saves)
             print(json.dumps(res["saves"]), flush=True)
-            res.update(notices_and_reads(work, url, Path(res["saves"]["store"]), creds.endpoint, args.versions, size,
+            res.update(notices_and_reads(work, url, Path(res["saves"]["store"]), endpoint, args.versions, size,
                                          args.reps))
             print(json.dumps({k: res[k] for k in ("notice_latency_s", "consumer_read_mb_s", "rgw_ranged_beside_mb_s")}),
                   flush=True)
-            res["shared"] = shared_prefix(work, url, creds.endpoint, size, args.saves, Path(res["saves"]["store"]))
+            res["shared"] = shared_prefix(work, url, endpoint, size, args.saves, Path(res["saves"]["store"]))
     s = res["saves"]
     ratio = [a / b for a, b in zip(s["save_s"]["remote"], s["save_s"]["plain"])]
     print(f"rgw GET whole MB/s: {med(res['rgw_get']['whole_mb_s'])}; ranged 8x4MiB: {med(res['rgw_get']['ranged_8x4MiB_mb_s'])}")
