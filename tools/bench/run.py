@@ -9,7 +9,10 @@ compaction (issue 14: HF Trainer series written into the mount, compaction off v
 torch.save rewriting one path, restic and borg; tools/bench/compaction.py), datapath
 (issue 15: saves, raw writes, cold reads and small files against the plain disk, with the
 daemon's CPU per thread; tools/bench/datapath.py), remote (issue 17: the remote tier against
-a Ceph RGW started on 127.0.0.1; tools/bench/remote.py, also `make bench-remote`). `--only
+a Ceph RGW started on 127.0.0.1; tools/bench/remote.py, also `make bench-remote`), scaling
+(issue 33: 1 to 16 streams of writes and cold reads, torch.save and torch.load, through one mount
+against a plain directory, with the daemon's CPU per GiB; --tmpfs for RAM-backed figures;
+tools/bench/scaling.py). `--only
 compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
 targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
@@ -33,16 +36,17 @@ from typing import Any
 
 import torch
 
-from . import compactreport, datapathreport, extras, report
+from . import compactreport, datapathreport, extras, report, scalingreport
 from .compaction import run_compaction
 from .datapath import run_datapath
 from .docs import COMPACTION, DATAPATH, DOCS, REPO, update_docs
 from .models import GPT2_SMALL, QUICK, GPT, param_count
+from .scaling import run_scaling
 from .series import run_series
 from .workloads import WORKLOADS, Scale
 
 
-PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote")
+PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote", "scaling")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -66,6 +70,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small-files", type=int, default=2000, help="small files per run in the datapath part (default 2000)")
     p.add_argument("--datapath-writeback", choices=("default", "on", "off"), default="default",
                    help="the datapath part's mount: the kernel's writeback cache as cowfs mount sets it, on or off")
+    sc = p.add_argument_group("the scaling part (issue 33)")
+    sc.add_argument("--streams", default="1,4,8,16", help="stream counts, comma-separated (default 1,4,8,16)")
+    sc.add_argument("--mib-per-stream", type=int, default=None, help="MiB each stream writes and reads "
+                    "(default 256 quick, 1024 full)")
+    sc.add_argument("--reps", type=int, default=2, help="reps per stream count and of torch, each cowfs and plain "
+                    "(default 2)")
+    sc.add_argument("--torch-gib", type=float, default=None, help="GiB of the torch.save / torch.load state dict "
+                    "(default 0.25 quick, 4 full; 0 skips torch)")
+    sc.add_argument("--workers", type=int, default=None, help="cowfs mount --workers N (default: cowfs mount's)")
+    sc.add_argument("--tmpfs", action="store_true", help="run the part on a fresh tmpfs mounted under the work "
+                    "directory (RAM-backed figures; unmounted at the end)")
+    sc.add_argument("--tmpfs-size", default=None, help="size of that tmpfs, e.g. 32G (default: what the largest "
+                    "stream count and the torch file need, with room)")
+    sc.add_argument("--budget-s", type=float, default=None, help="start no new rep or stream count once the part "
+                    "has run this many seconds (default: no limit); the report says what was skipped")
     p.add_argument("--update-docs", action="store_true",
                    help="put the tables into docs/benchmarks.md (the issue-6 section and docs/bench.png only after a run of "
                    "every part and workload; the compaction section after a run with the compaction part)")
@@ -116,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = GPT2_SMALL if args.full else QUICK
     scale = Scale(steps=args.steps, batch=4, seq=64, frozen_trained_layers=2 if args.full else 1,
                   lora_layers=4 if args.full else 2, sparse_rows_fraction=0.01)
+    try:
+        scaling_opts = scalingreport.options_from_args(args) if "scaling" in parts else None
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
     wb_mib = args.writeback_mib if args.writeback_mib is not None else (1024 if args.full else 256)
     out_dir = Path(args.out).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -167,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
 
             remote_main(["--dir", str(work), "--reps", "5", "--out", str(work / "remote.json")])
             results["remote"] = json.loads((work / "remote.json").read_text())
+        if scaling_opts is not None:
+            log(f"scaling (issue 33): {scaling_opts.streams} streams of {scaling_opts.mib_per_stream} MiB, torch "
+                f"{scaling_opts.torch_gib:g} GiB, {scaling_opts.reps} rep(s)" + (" on a tmpfs" if scaling_opts.tmpfs else ""))
+            results["scaling"] = run_scaling(work / "scaling", scaling_opts, log)
         if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:
@@ -195,10 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     md = report.markdown(results, summaries, tgts)
     c_md = compactreport.section(results)
     d_md = datapathreport.section(results)
+    s_md = scalingreport.section(results)
     stem = f"bench-{results['mode']}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}\n### Compaction (issue 14)\n\n{c_md}"
-                                        f"\n### Data path (issue 15)\n\n{d_md}")
+                                        f"\n### Data path (issue 15)\n\n{d_md}\n### Scaling (issue 33)\n\n{s_md}")
     png: Path | None = out_dir / f"{stem}.png"
     if not results["series"] or not report.plot(results, png):  # type: ignore[arg-type]
         if results["series"]:
@@ -210,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     print(c_md)
     print("### Data path (issue 15)\n")
     print(d_md)
+    print("### Scaling (issue 33)\n")
+    print(s_md)
     log(f"took {results['seconds'] / 60:.1f} min; wrote {out_dir}/{stem}.json, .md" + (", .png" if png else ""))
     if args.update_docs:
         if set(parts) == set(PARTS) and names == list(WORKLOADS):
