@@ -63,9 +63,11 @@ The package, by what each part owns:
     harness.py                   the run and its cycles (Harness)
     writer.py                    the writer process: what it saves, its JSON-lines log
     writer_process.py            the harness's handle on a writer process
-    cycle.py                     kill points, one cycle's run phase and its kill (Cycle)
+    cycle.py                     kill points; one cycle and its kill (Cycle)
+    run_phase.py                 one cycle's run phase: its threads, up to the kill and the unmount
     snapshots.py                 taking, recording and deleting snapshots
-    gc_requests.py               in-mount gc/prune requests
+    gc_thread.py                 sending in-mount gc/prune/compact requests
+    gc_requests.py               those requests as the harness saw them (GcRequest)
     mounting.py                  the harness's mount and its daemon
     oracle.py                    the states the writer's log allows (AllowedStates, ends_at)
     offline.py                   unmounted: fsck, history, expiry, gc (step 4)

@@ -13,12 +13,13 @@ from cowfs.units import human_bytes
 from tools.harnessutil import run_cowfs
 
 from .checks import CheckpointLoader, RemountCheck
-from .cycle import Cycle, pick_kill_point, run_until_kill
+from .cycle import Cycle, pick_kill_point
 from .errors import HarnessError
 from .mounting import HarnessMount
 from .offline import OfflineCheck
 from .oracle import AllowedStates
 from .report import CycleResult, Totals, cycle_line
+from .run_phase import run_until_kill
 from .snapshots import SnapshotBook
 from .states import RUN
 from .writer_process import WriterProcess
