@@ -24,18 +24,18 @@ import pytest
 from cowfs.store.layout import CONFIG_FILE, FORMAT_VERSION
 
 from tests.support.mountutil import mounted
+from tests.support.run_as_nobody import NOBODY_UID, NOGROUP_GID, cowfs_command_as_nobody
 from tests.support.storeutil import assert_clean, data, store_with_history
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # contents that change on their own while a store is mounted and idle: the shared-memory
 # index of SQLite's WAL (readers take read marks in it); its name, size and mode still count
 VOLATILE = {"catalog.db-shm"}
 
 
 def cli(*args: str, as_nobody: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cowfs.cli", *args]
-    return subprocess.run(NOBODY + cmd if as_nobody else cmd, capture_output=True, timeout=120,
-                          stdin=subprocess.DEVNULL, cwd="/")
+    """`cowfs ARGS` as root, or as nobody wherever the checkout lives (tests/support/run_as_nobody.py)."""
+    cmd = cowfs_command_as_nobody(*args) if as_nobody else [sys.executable, "-m", "cowfs.cli", *args]
+    return subprocess.run(cmd, capture_output=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
 
 
 def fingerprint(top: Path) -> dict[str, tuple]:
@@ -197,7 +197,7 @@ def catalog_read_only(template: Path, p: Path) -> tuple[bool, str]:
     """The user's store, except the catalog: root's and read-only to the user."""
     _copy(template, p)
     for q in [p, *p.rglob("*")]:
-        os.chown(q, 65534, 65534)
+        os.chown(q, NOBODY_UID, NOGROUP_GID)
     os.chown(p / "catalog.db", 0, 0)
     (p / "catalog.db").chmod(0o644)
     return True, "permission denied"
@@ -254,7 +254,7 @@ def run_condition(command: str, condition: Callable[[Path, Path], tuple[bool, st
     mnt = area / "mnt"
     mnt.mkdir()
     if as_nobody:
-        os.chown(mnt, 65534, 65534)
+        os.chown(mnt, NOBODY_UID, NOGROUP_GID)
         let_nobody_in(area)
     before = fingerprint(target), fingerprint(mnt)
     r = cli(*(a.format(T=target, M=mnt) for a in COMMANDS[command]), as_nobody=as_nobody)
