@@ -15,7 +15,7 @@ from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, InvalidArgument, StoreError
 from .store import Store
-from .store.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
+from .store.log.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
 from .units import human_bytes, parse_size
 
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
@@ -30,7 +30,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from .store.upgrade import upgrade
+    from .store.catalog.upgrade import upgrade
 
     before, after = upgrade(Path(args.store).absolute())
     print(f"{args.store}: format version {after}" + (f" (upgraded from {before})" if before != after else " already"))

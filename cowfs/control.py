@@ -12,10 +12,10 @@ from typing import Any, Callable, Iterator
 
 from . import service, service_remote
 from .errors import CowfsError, StoreError
-from .store import Store
 from .mountinfo import mounted_cowfs
 from .protocol import SOCKET_NAME, decode, encode, short_path
-from .store.layout import CONFIG_FILE, LOCK_FILE
+from .store import Store
+from .store.log.layout import CONFIG_FILE, LOCK_FILE
 
 Progress = Callable[[int, int], None]
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .store.layout import LOCK_FILE
+from .store.log.layout import LOCK_FILE
 
 FSNAME_PREFIX = "cowfs:"  # the fsname of a mount is FSNAME_PREFIX + the store's path
 FS_TYPE = "fuse.cowfs"

@@ -10,13 +10,12 @@ from typing import Any, Callable
 from .errors import CowfsError, InvalidArgument, IsADirectory, NotFound
 from .service_remote import OPS as remote_ops
 from .store import Store
-from .store import checkpoint_index
-from .store.checkpoint_index import TRAINER_ONLY, Checkpoint, CheckpointIndex
-from .store.keep_best import Candidate, MetricSpec, ranked
-from .store.keep_best import keep_best as keep_best_of
-from .store.retention import KeepPolicy, plan
+from .store.checkpoints import index as checkpoint_index
+from .store.checkpoints.index import TRAINER_ONLY, Checkpoint, CheckpointIndex
+from .store.checkpoints.keep_best import Candidate, MetricSpec, ranked
+from .store.checkpoints.keep_best import keep_best as keep_best_of
+from .store.upkeep.retention import KeepPolicy, plan
 from .units import duration_ns
-
 
 Progress = Callable[[int, int], None]  # (done, total), called from the thread doing the work
 WITH_PROGRESS = frozenset({"gc", "fsck", "prune", "compact", "remote_push", "remote_gc", "remote_fsck",

@@ -11,8 +11,8 @@ from .units import parse_duration
 
 if TYPE_CHECKING:
     from .remote.tier import RemoteTier
-    from .store.evicted import PackReader
     from .store import Store
+    from .store.log.evicted import PackReader
 
 
 def _tier(store: "Store") -> "RemoteTier":

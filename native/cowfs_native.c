@@ -334,7 +334,7 @@ static PyObject *add_unzigzag(PyObject *self, PyObject *args)
  * The CRC32 in each record header is zlib's (reflected IEEE 802.3, the gzip one). zlib
  * 1.2.13 computes it at 3-6 GB/s; ISA-L's crc32_gzip_refl gives the same value with
  * carry-less multiplication (PCLMULQDQ, VPCLMULQDQ on AVX-512) at ~30 GB/s on the same
- * core (docs/benchmarks.md, "CRC-32 by ISA-L"). Both functions release the GIL for
+ * core (docs/benchmarks-history.md, "CRC-32 by ISA-L"). Both functions release the GIL for
  * anything larger than a record header. */
 
 #define CRC_RELEASE_GIL_FROM 4096

@@ -24,9 +24,9 @@ import pyfuse3
 import trio
 
 from .. import service
-from ..protocol import SOCKET_NAME, decode, encode, short_path
 from ..errors import CowfsError
-from ..store.events import Event
+from ..protocol import SOCKET_NAME, decode, encode, short_path
+from ..store.catalog.events import Event
 from .views import SNAPDIR_INO
 
 log = logging.getLogger("cowfs.control")

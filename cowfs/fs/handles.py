@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import trio
 
 from ..store import Attr, Store
-from ..store.reader import FileReader
-from ..store.session import WriteSession
+from ..store.data.reader import FileReader
+from ..store.data.session import WriteSession
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The daemon's compactor: once no file has been open for writing for a while, committed
-files are compacted (store/compact.py) in worker threads; a file opened for writing stops
+files are compacted (store/tensors/compact.py) in worker threads; a file opened for writing stops
 the run at its next step (the body in hand is left as it was, and done next time)."""
 from __future__ import annotations
 

@@ -23,17 +23,17 @@ from typing import Callable, Sequence
 import pyfuse3
 import trio
 
+from .. import service_remote
 from ..errors import Busy, CowfsError, StoreError
 from ..mountinfo import FSNAME_PREFIX, daemon_pid, lazy_unmount, mount_fields, mounted_cowfs, process_alive
-from .. import service_remote
 from ..store import Store
-from ..store.layout import LOCK_FILE, read_config
+from ..store.log.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
-from .openers import mount_id
 from .idle_compaction import compact_when_idle
-from .remote_uploads import upload_in_background
+from .openers import mount_id
 from .operations import CowfsOperations
+from .remote_uploads import upload_in_background
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
 
 log = logging.getLogger("cowfs.mount")

@@ -21,16 +21,16 @@ import trio
 
 from ..errors import CorruptData, CowfsError, NotFound, ReadOnly
 from ..store import Attr, Store
-from ..store.reader import FileReader
-from ..store.session import WriteSession
-from ..store.snapshots import validate_snapshot_name
-from .dispatch import in_thread, translate_errors, wait_future
+from ..store.catalog.snapshots import validate_snapshot_name
+from ..store.data.reader import FileReader
+from ..store.data.session import WriteSession
 from .attrs import entry_of, snapdir_entry
 from .corrupt_log import CorruptLog
+from .dispatch import in_thread, translate_errors, wait_future
 from .handles import HandleTable, OpenFile
 from .openers import holds_writable
-from .xattr_ops import XattrOperations
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
+from .xattr_ops import XattrOperations
 
 log = logging.getLogger("cowfs.fs")
 HELD = object()  # _commit_unless_held: the opener still holds the file open, nothing committed
@@ -337,7 +337,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         f = self.handles.files[fh]
         try:
             if f.reader is not None:
-                # A sequential reader's bytes are loaded ahead (store/reader.py): served here,
+                # A sequential reader's bytes are loaded ahead (store/data/reader.py): served here,
                 # or after waiting for their load, with no thread hop.
                 data = f.reader.cached(off, size)
                 if data is None:

@@ -15,7 +15,7 @@ import trio
 
 from ..errors import CowfsError
 from ..remote.config import REMOTE_FILE
-from ..store.events import Event
+from ..store.catalog.events import Event
 from .operations import CowfsOperations
 
 if TYPE_CHECKING:

@@ -24,14 +24,15 @@ import trio
 
 from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
-from ..remote.changes import Changes, events as watch_events
+from ..remote.changes import Changes
+from ..remote.changes import events as watch_events
 from ..remote.config import RemoteConfig
 from ..remote.notices import NoticeListener
 from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
-from ..store.catalog import Catalog
-from ..store.events import SNAPSHOT, Event
-from ..store.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
+from ..store.catalog.db import Catalog
+from ..store.catalog.events import SNAPSHOT, Event
+from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
 from .views import LIVE_VIEW, ViewTable

@@ -3,7 +3,7 @@
 only decide and wait; the catalog work is done in worker threads.
 
 Checkpoint snapshots are event-driven: a store subscriber matches each committed change's
-path against the rules (store/checkpoint_rules.py) on the committing thread and hands a
+path against the rules (store/checkpoints/rules.py) on the committing thread and hands a
 match to this loop; nothing is polled or scanned on the write path, and the FUSE request
 that committed the change never waits for the snapshot.
 """
@@ -17,10 +17,10 @@ from typing import Any, Callable
 import trio
 
 from ..errors import CowfsError, HistoryDropped
-from ..store import checkpoint_snapshot as ckpt
-from ..store.checkpoint_rules import LightningLast, Trigger, detect
-from ..store.events import Event
-from ..store.snapshots import Snapshot
+from ..store.catalog.events import Event
+from ..store.catalog.snapshots import Snapshot
+from ..store.checkpoints import snapshot as ckpt
+from ..store.checkpoints.rules import LightningLast, Trigger, detect
 from .dispatch import in_thread
 from .operations import CowfsOperations
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CorruptData, RemoteError
-from ..store import namespace as ns
-from ..store.fsck import Problem
-from ..store.records import HEADER_SIZE, RecordError, check_record
+from ..store.catalog import namespace as ns
+from ..store.log.records import HEADER_SIZE, RecordError, check_record
+from ..store.upkeep.fsck import Problem
 from .catalogs import CatalogObject, chain_ends, materialize, retained_catalogs
 from .packs import PackIndex, decode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject

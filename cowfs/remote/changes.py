@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import NotFound
-from ..store import namespace as ns
-from ..store.diff import ChunkLists, Node, same_node
-from ..store.events import REMOVE, VERSION, Event
-from ..store.schema import ROOT_INO
-from ..store.namespace import Attr
+from ..store.catalog import namespace as ns
+from ..store.catalog.events import REMOVE, VERSION, Event
+from ..store.catalog.namespace import Attr
+from ..store.catalog.schema import ROOT_INO
+from ..store.upkeep.diff import ChunkLists, Node, same_node
 
 _IN = "(birth_gen > ?1 AND birth_gen <= ?2) OR (death_gen > ?1 AND death_gen <= ?2)"
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument, RemoteError
-from ..store.layout import fsync_dir, write_durably
+from ..store.log.layout import fsync_dir, write_durably
 
 REMOTE_FILE = "remote.json"
 REMOTE_STATE_FILE = "remote.db"

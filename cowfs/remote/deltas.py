@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RemoteError, StoreError
-from ..store.layout import CATALOG_FILE
+from ..store.log.layout import CATALOG_FILE
 
 if TYPE_CHECKING:
     from ..store import Store

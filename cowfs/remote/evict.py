@@ -1,5 +1,5 @@
 """Keeping the local log under its limit: after an upload pass, sealed segments whose
-records are all in the bucket are evicted (store/evict.py does each one safely), those only
+records are all in the bucket are evicted (store/upkeep/evict.py does each one safely), those only
 older versions and snapshots read first (`eviction_order`), until the segment files take no
 more than the store's `local_limit` (docs/design.md, section 17, "Capacity"). Reads of an
 evicted segment fetch from the packs (evicted_reads.py)."""
@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..store.evict import BucketRecord, evict_segment, evicted_count, eviction_order
-from ..store.stats import physical_bytes
+from ..store.upkeep.evict import BucketRecord, evict_segment, evicted_count, eviction_order
+from ..store.upkeep.stats import physical_bytes
 from .state import RemoteState
 
 if TYPE_CHECKING:

@@ -4,9 +4,9 @@ bases fetched the same way. A missing or damaged object raises CorruptData (EIO)
 from __future__ import annotations
 
 from ..errors import CorruptData, RemoteError
-from ..store.codecs import MAX_CHAIN, decode
-from ..store.log import check_chunk
-from ..store.records import RecordError, check_record
+from ..store.log.codecs import MAX_CHAIN, decode
+from ..store.log.log import check_chunk
+from ..store.log.records import RecordError, check_record
 from .packs import PackEntry
 from .s3 import Bucket, MissingObject
 from .state import RemoteState

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import blake3
 
 from ..errors import CorruptData
-from ..store.records import HEADER_SIZE, RecordError, check_payload, decode_record_header, record_span
+from ..store.log.records import HEADER_SIZE, RecordError, check_payload, decode_record_header, record_span
 
 INDEX_MAGIC = b"CWFSIDX1"
 INDEX_HEAD = struct.Struct("<8sII Q 32s")  # magic, version, count, pack size, pack id

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import _native
 from ..errors import CorruptData, ReadOnly, RemoteError
-from ..store.catalog import Catalog
-from ..store.index import ChunkIndex
-from ..store.layout import StoreConfig
-from ..store.log import Location, Log
+from ..store.catalog.db import Catalog
+from ..store.data.index import ChunkIndex
+from ..store.log.layout import StoreConfig
+from ..store.log.log import Location, Log
 from ..store.store import Store
 from .s3 import Bucket, MissingObject
 

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteError, StoreError
-from ..store.log import Location, location
-from ..store.schema import SCHEMA_VERSION
+from ..store.catalog.schema import SCHEMA_VERSION
+from ..store.log.log import Location, location
+from .bucket_look import indexed_packs, read_index
 from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs
 from .changes import Changes, scan
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .deltas import apply_delta, parse_delta_name
 from .s3 import Bucket, MissingObject
 from .state import RemoteState
-from .bucket_look import indexed_packs, read_index
 
 log = logging.getLogger("cowfs.replica")
 CATALOG_SUFFIX = ".db.zst"

@@ -14,12 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import RemoteError
-from ..store.evict import evicted_count, restore_all
-from ..store.stats import physical_bytes
-from .config import REMOTE_STATE_FILE, RemoteConfig, check_config, read_remote_config, remove_remote_config, write_remote_config
+from ..store.upkeep.evict import evicted_count, restore_all
+from ..store.upkeep.stats import physical_bytes
 from . import deltas
-from .evict import evict
 from .bucket_fsck import check as check_bucket
+from .config import (
+    REMOTE_STATE_FILE,
+    RemoteConfig,
+    check_config,
+    read_remote_config,
+    remove_remote_config,
+    write_remote_config,
+)
+from .evict import evict
 from .gc import DEFAULT_GRACE, collect
 from .s3 import Bucket
 from .state import RemoteState

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Callable
 import zstandard
 
 from ..errors import CorruptData, RemoteError
-from ..store.log import Location
-from ..store.records import RecordError, check_record
+from ..store.log.log import Location
+from ..store.log.records import RecordError, check_record
 from . import deltas
 from .bucket_look import catalog_key, delta_key, index_key, pack_key, refresh
 from .catalogs import retained_catalogs

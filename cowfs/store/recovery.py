@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 from ..errors import CorruptData
-from .catalog import Catalog
-from .evicted import MAP_SUFFIX, RESTORE_SUFFIX, evicted_ids, map_path, read_map
-from .layout import SEGMENTS_DIR, fsync_dir, segment_path
-from .log import Log
-from .records import DATA_START
+from .catalog.db import Catalog
+from .log.evicted import MAP_SUFFIX, RESTORE_SUFFIX, evicted_ids, map_path, read_map
+from .log.layout import SEGMENTS_DIR, fsync_dir, segment_path
+from .log.log import Log
+from .log.records import DATA_START
 
 SPILL_DIR = "tmp"
 

@@ -18,24 +18,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from ..errors import Busy, InvalidArgument, IsADirectory, NotADirectory, NotFound
-from . import events as ev
-from . import history as hist
-from . import namespace as ns
-from . import snapshots as snaps
-from . import xattrs
-from .buffers import window_pool
-from .catalog import Catalog, Txn, create_catalog
-from .commit import commit_version, version_events
-from .content import Extent, VersionId, load_extents
-from .diff import DiffReport, compare
-from .events import Event, EventBus
-from .evicted import EvictedSegments, PackReader
-from .fsck import FsckReport, check
-from .gc import GcReport, collect
-from .history import VersionInfo
-from .holds import Holds
-from .index import ChunkIndex
-from .layout import (
+from .catalog import events as ev
+from .catalog import history as hist
+from .catalog import namespace as ns
+from .catalog import snapshots as snaps
+from .catalog import xattrs
+from .catalog.db import Catalog, Txn, create_catalog
+from .catalog.events import Event, EventBus
+from .catalog.history import VersionInfo
+from .catalog.namespace import Attr
+from .catalog.schema import KIND_FILE
+from .catalog.snapshots import Snapshot
+from .data.commit import commit_version, version_events
+from .data.content import Extent, VersionId, load_extents
+from .data.holds import Holds
+from .data.index import ChunkIndex
+from .data.reader import WINDOW_BUFFER, FileReader
+from .data.session import SessionHandle, WriteSession
+from .log.buffers import window_pool
+from .log.evicted import EvictedSegments, PackReader
+from .log.layout import (
     CATALOG_FILE,
     DEFAULT_DEVICE,
     DEFAULT_SEGMENT_SIZE,
@@ -47,19 +49,17 @@ from .layout import (
     take_lock,
     write_config,
 )
-from .log import LOCATION_COLS, Location, Log, check_chunk, location
-from .namespace import Attr
-from .reader import WINDOW_BUFFER, FileReader
+from .log.log import LOCATION_COLS, Location, Log, check_chunk, location
 from .recovery import SPILL_DIR, recover
-from .restore_tree import RestoredTree, restore_dir
-from .schema import KIND_FILE
-from .session import SessionHandle, WriteSession
-from .snapshots import Snapshot
-from .stats import catalog_stats, physical_bytes, report
 from .tree import TreeChanges
+from .upkeep.diff import DiffReport, compare
+from .upkeep.fsck import FsckReport, check
+from .upkeep.gc import GcReport, collect
+from .upkeep.restore_tree import RestoredTree, restore_dir
+from .upkeep.stats import catalog_stats, physical_bytes, report
 
 if TYPE_CHECKING:
-    from .compact import CompactReport
+    from .tensors.compact_body import CompactReport
 
 T = TypeVar("T")
 
@@ -103,7 +103,7 @@ class Store(TreeChanges):
         self._session_holds: dict[int, Callable[[], None]] = {}
         self._mutex = threading.RLock()
         self.events = EventBus()
-        self._maintenance = threading.Lock()  # gc and fsck, one at a time
+        self.maintenance = threading.Lock()  # gc and fsck, one at a time
         self._compacting = threading.Lock()  # the compactor, one run at a time
         self.closed = False
 
@@ -462,17 +462,17 @@ class Store(TreeChanges):
         return report(self.catalog.read(catalog_stats), self.physical_bytes())
 
     def gc(self, progress: Callable[[int, int], None] | None = None) -> GcReport:
-        with self._maintenance:
+        with self.maintenance:
             return collect(self, progress)
 
     def compact(self, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
                 workers: int | None = None) -> CompactReport:
         """Re-cut and encode the bodies not compacted yet (compact.py); one run at a time."""
-        from .compact import compact  # imported here: most commands never compact (0.05 s of start-up)
+        from .tensors.compact import compact  # imported here: most commands never compact (0.05 s of start-up)
 
         with self._compacting:
             return compact(self, progress, stop, workers)
 
     def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
-        with self._maintenance:  # never beside gc: gc would punch records fsck is reading
+        with self.maintenance:  # never beside gc: gc would punch records fsck is reading
             return check(self, repair=repair, progress=progress)

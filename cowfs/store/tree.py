@@ -9,17 +9,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from ..errors import InvalidArgument, IsADirectory
-from . import events as ev
-from . import namespace as ns
-from . import xattrs
-from .catalog import Catalog, Txn
-from .commit import path_in
-from .events import Event
-from .namespace import Attr
-from .schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK
+from .catalog import events as ev
+from .catalog import namespace as ns
+from .catalog import xattrs
+from .catalog.db import Catalog, Txn
+from .catalog.events import Event
+from .catalog.namespace import Attr
+from .catalog.schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK
+from .data.commit import path_in
 
 if TYPE_CHECKING:
-    from .session import SessionHandle, WriteSession
+    from .data.session import SessionHandle, WriteSession
 
 T = TypeVar("T")
 

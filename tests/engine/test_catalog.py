@@ -1,4 +1,4 @@
-"""The catalog's writer thread (store/catalog.py): changes waiting together share one
+"""The catalog's writer thread (store/catalog/db.py): changes waiting together share one
 transaction (group commit), each with its own generation; a failing change is undone alone."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.store.catalog import Catalog, Txn, create_catalog
+from cowfs.store.catalog.db import Catalog, Txn, create_catalog
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_failing_change_in_a_group_is_undone_alone(catalog: Catalog) -> None:
 CHILD = r"""
 import sys, threading
 from pathlib import Path
-from cowfs.store.catalog import Catalog
+from cowfs.store.catalog.db import Catalog
 c = Catalog(Path(sys.argv[1]))
 lock = threading.Lock()
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from cowfs.errors import RemoteError
 from cowfs.remote import deltas
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import CATALOG_FILE
+from cowfs.store.log.layout import CATALOG_FILE
 from tests.support.storeutil import assert_clean, data, new_store
 
 

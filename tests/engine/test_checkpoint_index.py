@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cowfs.store import checkpoint_index, checkpoint_walk
-
+from cowfs.store.checkpoints import index as checkpoint_index
+from cowfs.store.checkpoints import walk as checkpoint_walk
 from tests.support.checkpointutil import dcp_save, deepspeed_save, lightning_save, mkdirs, rmtree, save
 
 

@@ -3,10 +3,22 @@ from __future__ import annotations
 
 import pytest
 
-from cowfs.store.checkpoint_rules import (DCP, DEEPSPEED, LIGHTNING, TRAINER, LightningLast, Trigger, detect,
-                                          lightning_label, name_with_suffix, run_of, snapshot_name, step_label)
-from cowfs.store.events import Event
-from cowfs.store.snapshots import validate_snapshot_name
+from cowfs.store.catalog.events import Event
+from cowfs.store.catalog.snapshots import validate_snapshot_name
+from cowfs.store.checkpoints.rules import (
+    DCP,
+    DEEPSPEED,
+    LIGHTNING,
+    TRAINER,
+    LightningLast,
+    Trigger,
+    detect,
+    lightning_label,
+    name_with_suffix,
+    run_of,
+    snapshot_name,
+    step_label,
+)
 
 
 def ev(kind: str, path: str | None, old: str | None = None, size: int | None = 10) -> Event:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cowfs.store import checkpoint_snapshot as ckpt
-from cowfs.store.checkpoint_rules import DCP, DEEPSPEED, LIGHTNING, TRAINER, Trigger
-
+from cowfs.store.checkpoints import snapshot as ckpt
+from cowfs.store.checkpoints.rules import DCP, DEEPSPEED, LIGHTNING, TRAINER, Trigger
 from tests.support.checkpointutil import mkdirs, rmtree, save
 
 

@@ -1,6 +1,6 @@
 import random
 
-from cowfs.store.chunking import MAX_CHUNK, MIN_CHUNK, StreamChunker, cut_all
+from cowfs.store.data.chunking import MAX_CHUNK, MIN_CHUNK, StreamChunker, cut_all
 
 
 def test_stream_equals_one_shot_whatever_the_piece_sizes():

@@ -1,4 +1,4 @@
-"""Chunk encodings (cowfs/store/codecs.py): every encoding decodes to the exact raw bytes, a
+"""Chunk encodings (cowfs/store/log/codecs.py): every encoding decodes to the exact raw bytes, a
 piece that does not shrink stays raw, deltas need their base, and damage is CorruptData."""
 from __future__ import annotations
 
@@ -7,12 +7,23 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowfs.errors import CorruptData
-from cowfs.store.codecs import (
-    CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR, DELTA_MAX_SHARE, ID_SIZE, base_of, decode, encode_delta, encode_whole,
-    sub_bytes, xor_bytes,
+from cowfs.store.log.codecs import (
+    CODEC_GROUPED,
+    CODEC_RAW,
+    CODEC_SUB,
+    CODEC_XOR,
+    DELTA_MAX_SHARE,
+    ID_SIZE,
+    base_of,
+    decode,
+    encode_delta,
+    encode_whole,
+    sub_bytes,
+    xor_bytes,
 )
 
 NEVER = 1 << 40  # encode_delta's `whole_len`: any delta is small enough
@@ -146,7 +157,7 @@ def test_every_encoding_round_trips(a: bytes, b: bytes, elem: int) -> None:
 def test_blosc2_is_loaded_at_first_use_with_the_gil_released():
     import blosc2
 
-    from cowfs.store import codecs
+    from cowfs.store.log import codecs
 
     codecs.encode_whole(bytes(range(256)) * 64, 4)
     assert blosc2.set_releasegil(True) is True  # the previous setting: the engine's first use set it

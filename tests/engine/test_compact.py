@@ -12,8 +12,8 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import CorruptData
 from cowfs.store import Store
-from cowfs.store.codecs import CODEC_GROUPED, CODEC_RAW, MAX_CHAIN
-from cowfs.store.layout import CATALOG_FILE, segment_path
+from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, MAX_CHAIN
+from cowfs.store.log.layout import CATALOG_FILE, segment_path
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
 

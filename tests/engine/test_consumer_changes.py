@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from cowfs.remote import changes, deltas
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.diff import REMOVED, compare
+from cowfs.store.upkeep.diff import REMOVED, compare
 from tests.support.storeutil import assert_clean, data, new_store
 
 

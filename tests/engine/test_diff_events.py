@@ -8,8 +8,7 @@ import pytest
 from cowfs import service
 from cowfs.errors import InvalidArgument, NotFound
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.events import Event
-
+from cowfs.store.catalog.events import Event
 from tests.support.storeutil import data
 
 

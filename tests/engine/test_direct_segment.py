@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from cowfs.store import device as device_mod
-from cowfs.store.buffers import BufferPool, staging_pool, window_pool
-from cowfs.store.device import BLOCK, DirectFileSegment, FileSegment
+from cowfs.store.log import device as device_mod
+from cowfs.store.log.buffers import BufferPool, staging_pool, window_pool
+from cowfs.store.log.device import BLOCK, DirectFileSegment, FileSegment
 
 SIZE = 16 * BLOCK
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cowfs.errors import CorruptData
-from cowfs.store.evicted import EvictedSegment, EvictionMap, MapEntry, decode_map, _carve
+from cowfs.store.log.evicted import EvictedSegment, EvictionMap, MapEntry, _carve, decode_map
 
 
 class MemoryPacks:
@@ -132,7 +132,7 @@ def test_a_segment_dropped_during_a_read_closes_after_it(tmp_path):
     import threading
 
     from cowfs.store import ROOT_INO, Store
-    from cowfs.store.log import LOCATION_COLS, location
+    from cowfs.store.log.log import LOCATION_COLS, location
     from tests.support.storeutil import data, new_store
 
     path = new_store(tmp_path / "s", segment_size=4 << 20)
@@ -169,8 +169,8 @@ def test_a_segment_dropped_during_a_read_closes_after_it(tmp_path):
 def test_recovery_keeps_the_file_when_a_map_beside_it_is_damaged(tmp_path):
     """An eviction cut short leaves map and file; a damaged map then goes, the file stays."""
     from cowfs.store import ROOT_INO, Store
-    from cowfs.store.evicted import map_path
-    from cowfs.store.layout import segment_path
+    from cowfs.store.log.evicted import map_path
+    from cowfs.store.log.layout import segment_path
     from tests.support.storeutil import assert_clean, data, new_store
 
     path = new_store(tmp_path / "s", segment_size=4 << 20)

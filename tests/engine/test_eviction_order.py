@@ -1,4 +1,4 @@
-"""The order eviction takes segments in (store/evict.py `eviction_order`): the segments only
+"""The order eviction takes segments in (store/upkeep/evict.py `eviction_order`): the segments only
 older versions and snapshots read first, oldest first; then the others, those holding the
 fewest of the current tree's bytes first. Checked against the current tree's extents as its
 readers see them (the eviction itself runs against the real RGW: tests/remote/test_evict.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.evict import eviction_order, local_segments
+from cowfs.store.upkeep.evict import eviction_order, local_segments
 from tests.support.storeutil import assert_clean, data, new_store
 
 

@@ -1,4 +1,4 @@
-"""cowfs.store.formats: tensor regions of real checkpoint files (safetensors, torch.save,
+"""cowfs.store.tensors.formats: tensor regions of real checkpoint files (safetensors, torch.save,
 numpy, torch.distributed.checkpoint), made here with torch/safetensors/numpy; malformed,
 truncated and fuzzed input gives None and never an exception; the package imports no torch."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from cowfs.store.formats import TensorRegion, distcp_regions, regions
-from cowfs.store.formats._base import ELEM_SIZE
+from cowfs.store.tensors.formats import TensorRegion, distcp_regions, regions
+from cowfs.store.tensors.formats._base import ELEM_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -661,7 +661,7 @@ def test_no_torch_or_numpy_import(samples: dict[str, bytes], tmp_path: Path) -> 
         (tmp_path / name).write_bytes(data)
     code = (
         "import sys, pathlib\n"
-        "from cowfs.store.formats import regions\n"
+        "from cowfs.store.tensors.formats import regions\n"
         f"for p in sorted(pathlib.Path({str(tmp_path)!r}).iterdir()):\n"
         "    d = p.read_bytes()\n"
         "    assert regions(d[:65536], len(d), lambda o, n: d[o:o + n], str(p)), p\n"

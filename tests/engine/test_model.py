@@ -33,8 +33,17 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, note, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import cowfs.store.session as session_mod
-from cowfs.errors import Exists, InvalidArgument, IsADirectory, NoAttribute, NotADirectory, NotEmpty, NotFound, NotPermitted
+import cowfs.store.data.session as session_mod
+from cowfs.errors import (
+    Exists,
+    InvalidArgument,
+    IsADirectory,
+    NoAttribute,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+)
 from cowfs.store import ROOT_INO, Store
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -11,9 +11,8 @@ import pytest
 
 from cowfs.errors import CowfsError, Exists, InvalidArgument, NoAttribute, NoSpace
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import CATALOG_FILE
-from cowfs.store.xattrs import CAPABILITY, MAX_TOTAL, VALUE_MAX, XATTR_CREATE, XATTR_REPLACE, decode, encode
-
+from cowfs.store.catalog.xattrs import CAPABILITY, MAX_TOTAL, VALUE_MAX, XATTR_CREATE, XATTR_REPLACE, decode, encode
+from cowfs.store.log.layout import CATALOG_FILE
 from tests.support.storeutil import assert_clean, data
 
 

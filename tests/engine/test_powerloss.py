@@ -57,9 +57,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as save_safetensors
 
-import cowfs.store.session as session_mod
+import cowfs.store.data.session as session_mod
 from cowfs.store import ROOT_INO, Store
-
 from tests.support.powerloss_device import Disk, PowerLoss, install
 
 KiB, MiB = 1 << 10, 1 << 20

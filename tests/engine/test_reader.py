@@ -1,4 +1,4 @@
-"""FileReader (store/reader.py): windows of whole chunks, read ahead, verified when served.
+"""FileReader (store/data/reader.py): windows of whole chunks, read ahead, verified when served.
 
 Windows are made small here (WINDOW = 192 KiB, chunks average 64 KiB) so that a file of a
 few MiB spans many windows and their borders fall inside chunks."""
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from cowfs.errors import CorruptData
-from cowfs.store import Store, reader as reader_mod
-from cowfs.store.layout import segment_path
-from cowfs.store.log import check_chunk
-from cowfs.store.reader import FileReader
-
+from cowfs.store import Store
+from cowfs.store.data import reader as reader_mod
+from cowfs.store.data.reader import FileReader
+from cowfs.store.log.layout import segment_path
+from cowfs.store.log.log import check_chunk
 from tests.support.storeutil import data
 
 SIZE = 3_000_000
@@ -174,7 +174,7 @@ def test_close_keeps_the_version_until_a_read_ahead_in_flight_ends(store):
         gate.wait(10)
         store.log.read_run(seg, offset, items, verify)
 
-    from cowfs.store.content import load_extents
+    from cowfs.store.data.content import load_extents
     extents = store.catalog.read(lambda c: load_extents(c, attr.content_id))
     with ThreadPoolExecutor(max_workers=1) as pool:
         r = FileReader(extents, attr.size, slow_read_run, check_chunk, on_close=lambda: released.append(time.monotonic()),

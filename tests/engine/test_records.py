@@ -1,7 +1,7 @@
 import pytest
 
-from cowfs.store.chunking import chunk_id
-from cowfs.store.records import (
+from cowfs.store.data.chunking import chunk_id
+from cowfs.store.log.records import (
     DATA_START,
     RECORD_ALIGN,
     RecordError,
@@ -70,7 +70,7 @@ def test_scan_reports_damage_and_resynchronises():
 
 
 def test_check_record_names_what_is_wrong():
-    from cowfs.store.records import RecordError, check_record, record_parts
+    from cowfs.store.log.records import RecordError, check_record, record_parts
 
     cid, payload = b"\x01" * 32, b"payload bytes"
     rec = b"".join(bytes(p) for p in record_parts(cid, payload, len(payload), 0))

@@ -11,17 +11,23 @@ import zlib
 import pytest
 
 from cowfs.errors import CorruptData, InvalidArgument, RemoteError
-from cowfs.remote.config import (REMOTE_FILE, RemoteConfig, parse_url, read_remote_config, remove_remote_config,
-                                 write_remote_config)
+from cowfs.remote import deltas
+from cowfs.remote.config import (
+    REMOTE_FILE,
+    RemoteConfig,
+    parse_url,
+    read_remote_config,
+    remove_remote_config,
+    write_remote_config,
+)
 from cowfs.remote.doomed import CLOCK_STEP, DoomedPack, ListedDoomed, decode_doomed, encode_doomed
 from cowfs.remote.gc import check_grace
 from cowfs.remote.packs import PackArena, PackBuilder, PackEntry, decode_index, entries_of_pack, is_pack_name, pack_name
 from cowfs.remote.state import RemoteState
-from cowfs.remote import deltas
-from cowfs.units import human_duration, parse_duration
 from cowfs.store import ROOT_INO
-from cowfs.store.chunking import chunk_id
-from cowfs.store.records import CODEC_RAW, encode_record
+from cowfs.store.data.chunking import chunk_id
+from cowfs.store.log.records import CODEC_RAW, encode_record
+from cowfs.units import human_duration, parse_duration
 
 
 def test_parse_url():
@@ -347,7 +353,7 @@ def test_records_read_into_a_packs_buffers_are_checked_as_read_whole(store, monk
     """read_records into buffers of odd sizes (records across two of them) returns the same
     checked records as one buffer; a damaged byte is found either way."""
     from cowfs.remote.upload import _runs, read_records
-    from cowfs.store.log import LOCATION_COLS, location
+    from cowfs.store.log.log import LOCATION_COLS, location
     store.mkdir(ROOT_INO, b"run")
     store.write_file("/run/a.bin", os.urandom(3 << 20))
     rows = store.catalog.read(lambda c: c.execute(f"SELECT hash, {LOCATION_COLS} FROM chunks").fetchall())

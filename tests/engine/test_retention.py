@@ -8,9 +8,8 @@ import pytest
 
 from cowfs.errors import InvalidArgument
 from cowfs.store import ROOT_INO, Snapshot, Store
-from cowfs.store.retention import KeepPolicy, plan
+from cowfs.store.upkeep.retention import KeepPolicy, plan
 from cowfs.units import duration_ns
-
 from tests.support.mountutil import cowfs, mounted
 from tests.support.storeutil import data
 

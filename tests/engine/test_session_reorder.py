@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-import cowfs.store.session as session_mod
+import cowfs.store.data.session as session_mod
 from cowfs.store import ROOT_INO, Store
 
 MiB = 1 << 20

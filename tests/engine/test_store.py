@@ -13,9 +13,8 @@ import pytest
 
 from cowfs.errors import Busy, CorruptData, Exists, InvalidArgument, IsADirectory, NotEmpty, NotFound, StoreError
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, segment_path
-from cowfs.store.schema import LIVE
-
+from cowfs.store.catalog.schema import LIVE
+from cowfs.store.log.layout import CATALOG_FILE, FORMAT_VERSION, segment_path
 from tests.support.storeutil import assert_clean, data, new_store
 
 
@@ -448,7 +447,7 @@ def test_gc_keeps_chunks_an_uncommitted_session_found_by_dedup(path):
 
 
 def test_the_catalog_reserve_follows_the_catalog_within_its_bounds():
-    from cowfs.store.catalog import RESERVE_MAX, RESERVE_MIN, reserve_size
+    from cowfs.store.catalog.db import RESERVE_MAX, RESERVE_MIN, reserve_size
 
     tb = 1 << 40
     assert reserve_size(100 << 10, tb) == RESERVE_MIN  # a new store keeps 1 MiB, not 1% of the device

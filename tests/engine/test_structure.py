@@ -23,39 +23,31 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """Modules `path` imports when it runs: `if TYPE_CHECKING:` blocks are left out, and
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """Modules `path` imports, type-only ones (`if TYPE_CHECKING:`) and those inside functions
+    included: a circle through any of them is a circle for a reader and a type checker.
     `from PKG import MOD` counts as importing MOD (not PKG's __init__)."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                for other in child.orelse:
-                    visit(other)
-                continue
-            if isinstance(child, ast.Import):
-                out.update(a.name for a in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    pkg = package.split(".")
-                    pkg = pkg[: len(pkg) - (child.level - 1)]
-                    base = ".".join(pkg + ([base] if base else []))
-                subs = {f"{base}.{a.name}" for a in child.names} & modules
-                out.update(subs if subs else {base})
-            visit(child)
-
-    visit(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = package.split(".")
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            subs = {f"{base}.{a.name}" for a in node.names} & modules
+            out.update(subs if subs else {base})
     return out
 
 
 def _graph(top: str) -> dict[str, set[str]]:
     files = {_module_name(p): p for p in (REPO / top).rglob("*.py")}
     names = set(files)
-    return {name: {m for m in _runtime_imports(path, name, names) if m in names and m != name}
+    return {name: {m for m in _imports(path, name, names) if m in names and m != name}
             for name, path in files.items()}
 
 
@@ -94,6 +86,47 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_type_only_imports_count() -> None:
+    """A circle closed only by an `if TYPE_CHECKING:` import is still found."""
+    src = REPO / "cowfs" / "store" / "upkeep" / "gc.py"
+    assert "cowfs.store.parts" in _imports(src, "cowfs.store.upkeep.gc", {"cowfs.store.parts"})
+
+
+STORE = REPO / "cowfs" / "store"
+
+
+def _may_import(package: Path) -> set[str]:
+    """The engine packages (and top-level modules of cowfs/store) that the package's docstring
+    allows it to import, from its line `May import: a, b.` (`nothing else of the engine`: none)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{package.name}/__init__.py: no single 'May import:' line in its docstring"
+    allowed = lines[0].removeprefix("May import:").strip().rstrip(".")
+    return set() if allowed.startswith("nothing") else {a.strip() for a in allowed.split(",")}
+
+
+def _engine_part(module: str) -> str:
+    """`cowfs.store.log.device` -> `log`; `cowfs.store.parts` -> `parts`; `cowfs.store` -> `store`."""
+    rest = module.removeprefix("cowfs.store").lstrip(".")
+    return rest.split(".")[0] if rest else "store"
+
+
+def test_engine_packages_import_only_what_their_docstring_allows() -> None:
+    graph = _graph("cowfs")
+    packages = sorted(p for p in STORE.iterdir() if (p / "__init__.py").exists())
+    assert {p.name for p in packages} >= {"log", "catalog", "data", "tensors", "upkeep", "checkpoints"}
+    wrong = []
+    for package in packages:
+        allowed = _may_import(package) | {package.name}
+        for module, imported in graph.items():
+            if not module.startswith(f"cowfs.store.{package.name}"):
+                continue
+            for other in imported:
+                if other.startswith("cowfs.store") and _engine_part(other) not in allowed:
+                    wrong.append(f"{module} imports {other}")
+    assert not wrong, f"imports outside the package's 'May import:' line: {sorted(wrong)}"
+
+
 @pytest.mark.parametrize("top", ["cowfs", "tools"])
 def test_no_module_over_500_lines(top: str) -> None:
     long = {str(p.relative_to(REPO)): n for p in (REPO / top).rglob("*.py")
@@ -105,7 +138,7 @@ def test_cli_side_imports_no_fuse() -> None:
     """Nor the heavy libraries only some commands use (blosc2, boto3: ~0.35 s of CPU per command;
     numpy and the compactor: 0.08 s)."""
     code = ("import sys, cowfs.cli, cowfs.control, cowfs.mountinfo, cowfs.protocol, cowfs.units, cowfs.service; "
-            "print(sorted(m for m in ('pyfuse3', 'trio', 'torch', 'blosc2', 'boto3', 'numpy', 'cowfs.store.compact')"
+            "print(sorted(m for m in ('pyfuse3', 'trio', 'torch', 'blosc2', 'boto3', 'numpy', 'cowfs.store.tensors.compact')"
             " if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -7,9 +7,9 @@ import pytest
 
 from cowfs.errors import InvalidArgument
 from cowfs.store import Snapshot
-from cowfs.store.keep_best import Candidate, MetricSpec, keep_best, ranked
-from cowfs.store.retention import Decision, KeepPolicy, plan
-from cowfs.store.trainer_state import parse_trainer_state
+from cowfs.store.checkpoints.keep_best import Candidate, MetricSpec, keep_best, ranked
+from cowfs.store.checkpoints.trainer_state import parse_trainer_state
+from cowfs.store.upkeep.retention import Decision, KeepPolicy, plan
 
 
 def state(step: int, history: list[dict], **extra: object) -> bytes:

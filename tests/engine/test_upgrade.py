@@ -17,8 +17,8 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import Busy, StoreError
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import CATALOG_FILE, FORMAT_VERSION, LOCK_FILE
-from cowfs.store.upgrade import _upgrade_catalog, upgrade
+from cowfs.store.catalog.upgrade import _upgrade_catalog, upgrade
+from cowfs.store.log.layout import CATALOG_FILE, FORMAT_VERSION, LOCK_FILE
 from tests.support.storeutil import assert_clean
 
 V1 = Path(__file__).parent.parent / "data" / "store-v1.tar.gz"

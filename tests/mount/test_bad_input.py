@@ -21,8 +21,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from cowfs.store.layout import CONFIG_FILE, FORMAT_VERSION
-
+from cowfs.store.log.layout import CONFIG_FILE, FORMAT_VERSION
 from tests.support.mountutil import mounted
 from tests.support.run_as_nobody import NOBODY_UID, NOGROUP_GID, cowfs_command_as_nobody
 from tests.support.storeutil import assert_clean, data, store_with_history

@@ -29,8 +29,7 @@ import torch
 
 from cowfs.mountinfo import mounted_cowfs
 from cowfs.store import ROOT_INO, Store
-from cowfs.store.layout import segment_path
-
+from cowfs.store.log.layout import segment_path
 from tests.support.mountutil import cowfs, mounted
 from tests.support.storeutil import assert_clean
 

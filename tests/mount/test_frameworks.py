@@ -21,14 +21,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from cowfs.store import Store
-
 from tests.support.mountutil import mounted
-
 
 pytestmark = pytest.mark.mount
 
 MB = 1 << 20
-MAX_CHUNK = 256 << 10  # cowfs.store.chunking.MAX_CHUNK: the slop of a re-chunked region's edges
+MAX_CHUNK = 256 << 10  # cowfs.store.data.chunking.MAX_CHUNK: the slop of a re-chunked region's edges
 
 
 # -- a small real model ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from cowfs.fs.mount import READ_AHEAD_KIB
 from cowfs.remote.catalogs import retained_catalogs
 from cowfs.remote.config import read_remote_config
 from cowfs.remote.s3 import Bucket
-from cowfs.store.layout import read_config
+from cowfs.store.log.layout import read_config
 from tests.support.consumerutil import Consumer, Watch, drain, has_bytes, subscribed, wait_for
 from tests.support.mountutil import cowfs, kill9, mounted, read_ahead_kib, store_path  # noqa: F401 (a fixture)
 from tests.support.storeutil import data

@@ -16,10 +16,10 @@ from cowfs.remote.config import RemoteConfig
 from cowfs.remote.tier import tier_of
 from cowfs.service_remote import pack_reader
 from cowfs.store import ROOT_INO, Store
-from cowfs.store import evict as engine_evict
-from cowfs.store.evicted import evicted_ids, map_path, read_map
-from cowfs.store.layout import segment_path
-from cowfs.store.stats import physical_bytes
+from cowfs.store.log.evicted import evicted_ids, map_path, read_map
+from cowfs.store.log.layout import segment_path
+from cowfs.store.upkeep import evict as engine_evict
+from cowfs.store.upkeep.stats import physical_bytes
 from tests.support.mountutil import cowfs, mounted, small_fs
 from tests.support.remoteutil import pack_names, wait_older
 from tests.support.storeutil import assert_clean, data, new_store

@@ -4,7 +4,7 @@
 of it: the byte image as of its last durability point (`persist()`, the fsync in
 `truncate()`) and whether its directory entry is durable (an fsync of the
 segments directory after it was created or unlinked). The engine's segment
-classes are replaced (through `cowfs.store.log.segment_class`, where the log and
+classes are replaced (through `cowfs.store.log.log.segment_class`, where the log and
 recovery look them up) by subclasses that forward every call to the real code
 and report to the `Disk`:
 
@@ -49,10 +49,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cowfs.store import catalog as catalog_mod
-from cowfs.store import device as device_mod
-from cowfs.store import log as log_mod
-from cowfs.store.device import DirectFileSegment, FileSegment, PmemSegment
+from cowfs.store.catalog import db as catalog_mod
+from cowfs.store.log import device as device_mod
+from cowfs.store.log import log as log_mod
+from cowfs.store.log.device import DirectFileSegment, FileSegment, PmemSegment
 
 PAGE = 4096
 

@@ -2,15 +2,15 @@
 
 A piece is a uint8 numpy array and an element size (2 for bf16, 4 for fp32); a coder
 turns it into a blob and back. A piece costs min(blob, raw) bytes: a blob that does not
-shrink the piece is stored raw (cowfs.store.codecs does the same).
+shrink the piece is stored raw (cowfs.store.log.codecs does the same).
 
-"engine" is cowfs.store.codecs itself (Blosc2 SHUFFLE + ZSTD at its CLEVEL, one thread,
+"engine" is cowfs.store.log.codecs itself (Blosc2 SHUFFLE + ZSTD at its CLEVEL, one thread,
 raw when not smaller; its delta payload carries the 32-byte base id). The others are
 candidates the engine does not use: Blosc2 with SHUFFLE or BITSHUFFLE and ZSTD 1/3 or LZ4,
 numcodecs Shuffle + Zstd, zipnn, and plain zstd with no grouping.
 
 A delta transform turns (piece, base piece) into a residual of the same size:
-  xor   piece ^ base (cowfs.store.codecs.xor_bytes); symmetric, so the delta of version i
+  xor   piece ^ base (cowfs.store.log.codecs.xor_bytes); symmetric, so the delta of version i
         against i+1 is the same bytes as that of i+1 against i;
   sub   zigzag(piece - base) on signed integers of the element size: small differences of
         either sign give small values (high bytes 0), even across an exponent boundary.
@@ -26,7 +26,7 @@ import numcodecs
 import numpy as np
 import zstandard
 
-from cowfs.store import codecs as engine
+from cowfs.store.log import codecs as engine
 
 SINT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -82,7 +82,7 @@ class Coder:
 
 
 def engine_coder() -> Coder:
-    """cowfs.store.codecs as the engine calls it. Whole: encode_whole (the payload is the
+    """cowfs.store.log.codecs as the engine calls it. Whole: encode_whole (the payload is the
     raw piece when grouping does not shrink it). Delta: encode_delta, which stores the
     base id and the XOR, or the whole encoding when that is smaller (the engine's choice)."""
     def enc(buf: np.ndarray, size: int) -> bytes:
@@ -99,7 +99,7 @@ def engine_coder() -> Coder:
     def dec_delta(codec: int, blob: bytes, size: int, n: int, base: np.ndarray) -> np.ndarray:
         return np.frombuffer(engine.decode(codec, blob, n, lambda i: base), np.uint8)
 
-    return Coder(f"engine: shuffle+zstd-{engine.CLEVEL}", enc, dec, "cowfs.store.codecs, nthreads=1",
+    return Coder(f"engine: shuffle+zstd-{engine.CLEVEL}", enc, dec, "cowfs.store.log.codecs, nthreads=1",
                  blosc2=True, encode_delta=enc_delta, decode_delta=dec_delta)
 
 

@@ -13,8 +13,8 @@ from typing import Any, Callable
 import blosc2
 import numpy as np
 
-from cowfs.store import codecs as engine
-from cowfs.store.chunking import chunk_id
+from cowfs.store.data.chunking import chunk_id
+from cowfs.store.log import codecs as engine
 
 from .codeclib import TRANSFORMS, Coder, Transform, stored_size
 from .pieces import Piece, Version, base_index, duplicates

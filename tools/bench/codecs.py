@@ -5,7 +5,7 @@ a real Trainer checkpoint series, and how fast it encodes and decodes.
 
 For each series (default: a bf16 and an fp32 HF Trainer run; tools/bench/trainer_series.py,
 built under --work unless already there), every file is cut the way the engine will cut it
-(tools/bench/pieces.py: cowfs.store.formats regions, 1 MiB element-aligned pieces, FastCDC
+(tools/bench/pieces.py: cowfs.store.tensors.formats regions, 1 MiB element-aligned pieces, FastCDC
 for the non-tensor rest). Every coder (tools/bench/codeclib.py) codes every piece whole,
 and as a delta (XOR, zigzag subtraction) against the same piece of the next newer version;
 the layouts (tools/bench/schemes.py) are priced from those sizes. The non-tensor rest is
@@ -30,7 +30,7 @@ from typing import Any
 import blosc2
 import numpy as np
 
-from cowfs.store.chunking import chunk_id, cut_all
+from cowfs.store.data.chunking import chunk_id, cut_all
 
 from . import peers, schemes, seriescache
 from .codeclib import TRANSFORMS, all_coders
@@ -175,7 +175,7 @@ def speed_tables(speed: dict[str, Any]) -> list[str]:
     out += _table(head, [[name] + [_cell(s["whole"].get(k)) for k in keys] for name, s in speed.items()])
     if deltas:
         out += ["", "Deltas: the checkpoint before the newest coded against the newest (transform both ways "
-                "included; the engine row's xor is cowfs.store.codecs.encode_delta, which also codes the piece "
+                "included; the engine row's xor is cowfs.store.log.codecs.encode_delta, which also codes the piece "
                 "whole and keeps the smaller):", ""]
         head = ["codec"] + [f"{t} {k}" for t in deltas for k in ("enc 1T", "enc 2 workers", "dec 1T", "dec 2 workers")]
         head.append("round trip")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cowfs.store.layout import SEGMENTS_DIR
+from cowfs.store.log.layout import SEGMENTS_DIR
 from tools.harnessutil import run_cowfs
 
 MB = 1e6

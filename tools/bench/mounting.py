@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from cowfs.control import DaemonTarget
 from cowfs.mountinfo import daemon_pid, lazy_unmount, mounted_cowfs, process_alive
-from cowfs.store.layout import DEFAULT_DEVICE
+from cowfs.store.log.layout import DEFAULT_DEVICE
 from tools.harnessutil import CliError, run_cowfs
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

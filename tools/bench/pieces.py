@@ -3,7 +3,7 @@
 A series directory holds one sub-directory per version (Trainer's checkpoint-20/,
 checkpoint-40/, ... or save-N/), sorted by the number after the last '-'. Every file of a
 version is read whole and handed to the engine's format parser
-(`cowfs.store.formats.regions`); each tensor region is cut into pieces of at most
+(`cowfs.store.tensors.formats.regions`); each tensor region is cut into pieces of at most
 `piece_bytes` (rounded down to a multiple of the element size), so piece k of tensor T
 lines up with piece k of T in another version (same file path, tensor name, dtype and
 length). The bytes between regions, and files the parser does not recognise, are cut with
@@ -17,8 +17,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cowfs.store.chunking import cut_all
-from cowfs.store.formats import TensorRegion, regions
+from cowfs.store.data.chunking import cut_all
+from cowfs.store.tensors.formats import TensorRegion, regions
 
 OPTIMIZER_ROLES = ("exp_avg_sq", "exp_avg", "step", "momentum_buffer", "max_exp_avg_sq")
 

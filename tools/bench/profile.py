@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
+from cowfs.store.log.layout import DEFAULT_DEVICE, DEVICES
 
 from .docs import REPO
 from .extras import synthetic_state_dict

@@ -9,7 +9,7 @@ import sys
 import traceback
 from types import FrameType
 
-from cowfs.store.layout import DEFAULT_DEVICE, DEVICES
+from cowfs.store.log.layout import DEFAULT_DEVICE, DEVICES
 
 from .errors import HarnessError
 from .harness import Harness

@@ -11,7 +11,7 @@ from typing import Any
 
 from cowfs.errors import NotFound
 from cowfs.store import Store
-from cowfs.store import namespace as ns
+from cowfs.store.catalog import namespace as ns
 
 from .states import EMPTY
 

@@ -1,0 +1,458 @@
+"""Write sessions: writes at any offset become one new version at commit.
+
+Layers, topmost first, that make up the session's view of the file:
+  overlay   writes that were not sequential appends (spill file, see overlay.py)
+  stream    sequential appends from offset 0: chunked and appended to the log in
+            the background, batch by batch, while the caller keeps writing; writes a
+            little ahead of the stream's end (the kernel's writeback sends pages
+            slightly out of order) wait in a bounded reorder window until the gap
+            before them is written, then join the stream
+  base      the committed version the session started from, up to `base_end`
+  zeros     everything else below `size`
+Commit turns the view into whole chunks: intact chunks are referenced again,
+and only the bytes around changes are re-chunked (see `_materialize`).
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ...errors import InvalidArgument
+from ..log.log import Location, Log
+from .chunking import MIN_CHUNK, StreamChunker, chunk_id
+from .content import ChunkCache, Extent, find_extent
+from .index import ChunkIndex
+from .overlay import Overlay
+
+if TYPE_CHECKING:
+    from ..catalog.namespace import Attr
+
+BATCH = 8 << 20  # bytes handed to a chunking worker at once
+REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of the session's view: from a chunk, the overlay, memory, or zeros."""
+
+    start: int
+    length: int
+    kind: str  # "chunk" | "overlay" | "memory" | "zero"
+    extent: Extent | None = None
+    src: int = 0  # offset inside the chunk, spill position, or offset inside `mem`
+    mem: bytes = b""
+
+    @property
+    def intact_chunk(self) -> bool:
+        return self.kind == "chunk" and self.src == 0 and self.extent is not None and self.length == self.extent.length
+
+
+class ChunkWriter:
+    """Hash, dedup and append chunks; remember where each lives for read-back and commit."""
+
+    def __init__(self, log: Log, index: ChunkIndex) -> None:
+        self._log = log
+        self._index = index
+        self.pins: list[bytes] = []
+        self.locations: dict[bytes, Location] = {}
+        self.new_bytes = 0
+
+    def store(self, chunks: list[memoryview], offset: int) -> list[Extent]:
+        if not chunks:
+            return []
+        hashes = [chunk_id(c) for c in chunks]
+        known = self._index.pin(hashes)
+        self.pins.extend(hashes)
+        for h, loc in known.items():
+            self.locations.setdefault(h, loc)
+        todo: list[tuple[bytes, memoryview]] = []
+        queued: set[bytes] = set()
+        for h, c in zip(hashes, chunks):
+            if h not in self.locations and h not in queued:
+                todo.append((h, c))
+                queued.add(h)
+        if todo:
+            # append and register under gc_lock: gc never sees a record that is written but not yet known
+            with self._index.gc_lock:
+                for (h, c), loc in zip(todo, self._log.append(todo)):
+                    self._index.add_location(h, loc)
+                    self.locations[h] = loc
+                    self.new_bytes += len(c)
+        out = []
+        for h, c in zip(hashes, chunks):
+            out.append(Extent(offset, len(c), h, self.locations[h]))
+            offset += len(c)
+        return out
+
+    def release(self) -> None:
+        self._index.unpin(self.pins)
+        self.pins = []
+        self.locations = {}
+        self.new_bytes = 0
+
+
+class WriteSession:
+    """One writer's pending version of one regular file. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self,
+        ino: int,
+        base: list[Extent],
+        size: int,
+        log: Log,
+        index: ChunkIndex,
+        executor: ThreadPoolExecutor,
+        spill_dir: Path,
+        read_chunk: Callable[[bytes, Location], bytes],
+        commit_fn: Callable[["WriteSession", list[Extent]], "tuple[Attr | None, list[Extent]]"],
+        on_close: Callable[["WriteSession"], None],
+    ) -> None:
+        self.ino = ino
+        self._log = log
+        self._index = index
+        self._executor = executor
+        self._spill_dir = spill_dir
+        self._commit_fn = commit_fn
+        self._on_close = on_close
+        self._cache = ChunkCache(read_chunk)
+        self._lock = threading.Lock()
+        self.closed = False
+        self._start(base, size)
+
+    def _start(self, base: list[Extent], size: int) -> None:
+        self._committed = (base, size)
+        self.base = base
+        self._base_starts = [e.offset for e in base]
+        self.size = size
+        self.base_end = size
+        self.dirty = False
+        self.mtime_ns: int | None = None  # set by the caller to give the next version this mtime
+        self.writer = ChunkWriter(self._log, self._index)
+        self.overlay = Overlay(self._spill_dir)
+        self.streaming = True
+        self.stream_pos = 0  # bytes written sequentially from offset 0
+        self.stream_end = 0  # once frozen: where the stream's chunks end
+        self.chunker = StreamChunker()
+        self.stream_extents: list[Extent] = []
+        self._stream_starts: list[int] = []
+        # bytes written after the chunker's carry, as received (joined once, by the worker)
+        self.pending: list[bytes] = []
+        self.pending_len = 0
+        # the reorder window: writes beyond stream_pos, by offset (sorted starts in _ahead_starts)
+        self.ahead: dict[int, bytes] = {}
+        self._ahead_starts: list[int] = []
+        self.ahead_len = 0
+        self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
+
+    # -- the streaming fast path ----------------------------------------------
+
+    def _run_batch(self, data: list[bytes], final: bool) -> None:
+        """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
+        the chunker is put back as it was, so the same bytes can be run again."""
+        saved = self.chunker.state()
+        chunks = self.chunker.feed(data, final=final)
+        start = self.chunker.offset - sum(len(c) for c in chunks)
+        try:
+            exts = self.writer.store(chunks, start)
+        except BaseException:
+            self.chunker.restore(saved)
+            raise
+        self.stream_extents.extend(exts)
+        self._stream_starts.extend(e.offset for e in exts)
+
+    def _wait(self) -> None:
+        """Wait for the running batch. If it failed, its bytes go back in front of `pending`
+        (its chunker state was restored): the view is unchanged, and the error is raised."""
+        if self._job is not None:
+            (job, data), self._job = self._job, None
+            try:
+                job.result()
+            except BaseException:
+                self.pending[:0] = data
+                self.pending_len += sum(len(d) for d in data)
+                raise
+
+    def _submit_batch(self) -> None:
+        self._wait()
+        data = self.pending
+        self.pending, self.pending_len = [], 0
+        self._job = (self._executor.submit(self._run_batch, data, False), data)
+
+    def _freeze(self) -> None:
+        """Leave the fast path: unchunked stream bytes and the reorder window move to the overlay."""
+        self._wait()
+        start = self.chunker.offset
+        rest = b"".join([self.chunker.carry, *self.pending])
+        # first: if the spill file is full, nothing has changed (the held writes lie above `rest`,
+        # and writing one again over itself is harmless)
+        self.overlay.write(start, rest)
+        for off in self._ahead_starts:
+            self.overlay.write(off, self.ahead[off])
+        self.pending, self.pending_len = [], 0
+        self._drop_ahead()
+        self.chunker.reset(start)
+        self.streaming = False
+        self.stream_end = start
+
+    def _drop_ahead(self) -> None:
+        self.ahead, self._ahead_starts, self.ahead_len = {}, [], 0
+
+    def _settle(self) -> None:
+        """(lock held) Before the layered view is read or cut: writes still waiting in the
+        reorder window (a gap never written) make the session leave the fast path."""
+        if self.ahead:
+            self._freeze()
+
+    def _append(self, data: bytes) -> None:
+        """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
+        worker once BATCH bytes wait."""
+        n = len(data)
+        if self.pending_len + n >= BATCH:
+            self._wait()  # a failed batch raises here, before this write changes anything
+        self.pending.append(data)
+        self.pending_len += n
+        self.stream_pos += n
+        if self.pending_len >= BATCH:
+            self._submit_batch()
+
+    def _join_ahead(self) -> None:
+        """(lock held, streaming) Held writes the stream has reached join it. A held write is
+        older than the append that reached it, so the part of it that append covered is
+        dropped (the newer bytes win) and only the rest joins."""
+        while self._ahead_starts and self._ahead_starts[0] <= self.stream_pos:
+            start = self._ahead_starts[0]
+            held = self.ahead[start]
+            skip = self.stream_pos - start
+            if skip < len(held):
+                self._append(held[skip:] if skip else held)  # (a failed batch raises here: it stays held)
+            del self.ahead[start]
+            self._ahead_starts.pop(0)
+            self.ahead_len -= len(held)
+
+    def _hold(self, offset: int, data: bytes) -> bool:
+        """(lock held, streaming) Keep a write beyond stream_pos in the reorder window; False
+        if it does not fit: it ends more than REORDER past stream_pos (a write far ahead, a
+        sparse or random write, will not join the stream soon), or it overlaps a write held
+        already. Held writes do not overlap and lie within REORDER of stream_pos, so they
+        hold at most REORDER bytes."""
+        n = len(data)
+        if offset + n - self.stream_pos > REORDER:
+            return False
+        i = bisect.bisect_left(self._ahead_starts, offset)
+        if i > 0:
+            prev = self._ahead_starts[i - 1]
+            if prev + len(self.ahead[prev]) > offset:
+                return False
+        if i < len(self._ahead_starts) and self._ahead_starts[i] < offset + n:
+            return False
+        self._ahead_starts.insert(i, offset)
+        self.ahead[offset] = data
+        self.ahead_len += n
+        return True
+
+    # -- the caller's operations ------------------------------------------------
+
+    def write(self, offset: int, data: bytes | memoryview) -> int:
+        if offset < 0:
+            raise InvalidArgument("negative offset")
+        n = len(data)
+        if n == 0:
+            return 0
+        with self._lock:
+            self.dirty = True
+            if self.streaming and offset == self.stream_pos and not self.overlay:
+                self._append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
+                self._join_ahead()
+            elif self.streaming and offset > self.stream_pos and not self.overlay and self._hold(offset, bytes(data)):
+                pass
+            else:
+                if self.streaming:
+                    self._freeze()
+                self.overlay.write(offset, data)
+            self.size = max(self.size, offset + n)
+        return n
+
+    def truncate(self, size: int) -> None:
+        if size < 0:
+            raise InvalidArgument("negative size")
+        with self._lock:
+            self.dirty = True
+            if size < self.size:
+                self._settle()
+                if self.streaming and size < self.stream_pos:
+                    self._freeze()
+                if not self.streaming:
+                    self.stream_end = min(self.stream_end, size)
+                self.base_end = min(self.base_end, size)
+                self.overlay.clip(size)
+            self.size = size
+
+    def read(self, offset: int, length: int) -> bytes:
+        with self._lock:
+            end = min(offset + length, self.size)
+            if offset >= end:
+                return b""
+            self._settle()
+            if self.streaming:
+                self._wait()
+            return b"".join(self._piece_bytes(p) for p in self._pieces(offset, end))
+
+    # -- the layered view -----------------------------------------------------------
+
+    def _stream_layer_end(self) -> int:
+        return self.stream_pos if self.streaming else self.stream_end
+
+    def _extent_pieces(self, exts: list[Extent], starts: list[int], a: int, b: int) -> Iterator[Piece]:
+        if a >= b or not exts:
+            return
+        i = find_extent(exts, starts, a)
+        pos = a
+        while pos < b and i < len(exts):
+            e = exts[i]
+            lo, hi = max(pos, e.offset), min(b, e.end)
+            if lo < hi:
+                if e.chunk is None:
+                    yield Piece(lo, hi - lo, "zero")
+                else:
+                    yield Piece(lo, hi - lo, "chunk", e, lo - e.offset)
+                pos = hi
+            i += 1
+        if pos < b:
+            yield Piece(pos, b - pos, "zero")
+
+    def _lower(self, a: int, b: int) -> Iterator[Piece]:
+        s_end = self._stream_layer_end()
+        if a < s_end:
+            chunks_end = self.chunker.offset if self.streaming else s_end
+            yield from self._extent_pieces(self.stream_extents, self._stream_starts, a, min(b, chunks_end))
+            if self.streaming and b > chunks_end:
+                mem = b"".join([self.chunker.carry, *self.pending])
+                lo, hi = max(a, chunks_end), min(b, s_end)
+                if lo < hi:
+                    yield Piece(lo, hi - lo, "memory", src=lo - chunks_end, mem=mem)
+            a = max(a, s_end)
+        if a < b and a < self.base_end:
+            hi = min(b, self.base_end)
+            yield from self._extent_pieces(self.base, self._base_starts, a, hi)
+            a = hi
+        if a < b:
+            yield Piece(a, b - a, "zero")
+
+    def _pieces(self, a: int, b: int) -> Iterator[Piece]:
+        pos = a
+        for s, e, spill in self.overlay.ranges(a, b):
+            if s > pos:
+                yield from self._lower(pos, s)
+            yield Piece(s, e - s, "overlay", src=spill)
+            pos = e
+        if pos < b:
+            yield from self._lower(pos, b)
+
+    def _piece_bytes(self, p: Piece) -> bytes:
+        if p.kind == "zero":
+            return bytes(p.length)
+        if p.kind == "memory":
+            return p.mem[p.src:p.src + p.length]
+        if p.kind == "overlay":
+            return self.overlay.read(p.src, p.length)
+        assert p.extent is not None and p.extent.chunk is not None and p.extent.loc is not None
+        data = self._cache.get(p.extent.chunk, p.extent.loc)
+        return bytes(data[p.src:p.src + p.length])
+
+    # -- commit --------------------------------------------------------------------
+
+    def _materialize(self) -> list[Extent]:
+        """The final chunk list. Intact chunks are referenced as they are; changed
+        regions are re-chunked until the chunker lands on an intact chunk again."""
+        self._settle()
+        self._wait()
+        if self.streaming and not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
+            self._run_batch(self.pending, final=True)
+            self.pending, self.pending_len = [], 0
+            return list(self.stream_extents)
+        out: list[Extent] = []
+        chunker = StreamChunker()
+        for p in self._pieces(0, self.size):
+            if p.intact_chunk and chunker.carried == 0:
+                assert p.extent is not None
+                out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))
+                chunker.reset(p.start + p.length)
+                continue
+            if p.kind == "zero" and chunker.carried == 0 and p.length >= MIN_CHUNK:
+                out.append(Extent(p.start, p.length, None, None))
+                chunker.reset(p.start + p.length)
+                continue
+            for off in range(0, p.length, BATCH):
+                n = min(BATCH, p.length - off)
+                sub = Piece(p.start + off, n, p.kind, p.extent, p.src + off, p.mem)
+                chunks = chunker.feed(self._piece_bytes(sub))
+                out.extend(self.writer.store(chunks, chunker.offset - sum(len(c) for c in chunks)))
+            if p.intact_chunk and chunker.offset == p.start:
+                assert p.extent is not None
+                out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))
+                chunker.reset(p.start + p.length)
+        tail = chunker.feed(b"", final=True)
+        out.extend(self.writer.store(tail, chunker.offset - sum(len(c) for c in tail)))
+        return out
+
+    def commit(self) -> "Attr | None":
+        """Make the session's view the file's new version (durable when this returns).
+
+        Returns the new attributes, or None when the file no longer exists
+        (unlinked while open): then nothing is stored. The session stays open
+        and continues from the new version.
+        """
+        with self._lock:
+            if not self.dirty:
+                return None
+            extents = self._materialize()
+            size = self.size
+            assert sum(e.length for e in extents) == size, "materialized length mismatch"
+            # on failure nothing is dropped: the session keeps its view and its pins, and may retry or abort
+            attr, stored = self._commit_fn(self, extents)
+            if attr is None:
+                # the file is gone: keep the view (and the pins on its chunks) until the session closes
+                self.dirty = False
+                return None
+            self.overlay.close()
+            self.writer.release()
+            self._start(stored, size)
+            return attr
+
+    def abort(self) -> None:
+        """Drop every uncommitted change: the session is back at its last committed version."""
+        with self._lock:
+            try:
+                self._wait()
+            except Exception:
+                pass
+            self.overlay.close()
+            self.writer.release()
+            self._start(self._committed[0], self._committed[1])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.abort()
+        self.closed = True
+        self._on_close(self)
+
+
+class SessionHandle:
+    """A WriteSession usable as a context manager (closing aborts what was not committed)."""
+
+    def __init__(self, session: WriteSession) -> None:
+        self.session = session
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.session, name)
+
+    def __enter__(self) -> WriteSession:
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()

@@ -1,0 +1,350 @@
+"""The append-only log: a sequence of preallocated segments holding chunk records.
+
+One head segment takes appends; the others are read-only. Appends are batched
+into one write per segment; `sync()` is the durability point. The commit
+transaction then raises each segment's committed end to the end of the records
+the new version references. On open, every segment is cut back to its committed
+end: whatever lay beyond it was never referenced by a committed version.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import blake3
+
+from ...errors import CorruptData, CowfsError
+from .codecs import MAX_CHAIN, decode_into
+from .device import FileSegment, round_up, segment_class
+from .evicted import EvictedSegments
+from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
+from .records import (
+    CODEC_RAW,
+    DATA_START,
+    HEADER_SIZE,
+    RECORD_ALIGN,
+    RecordError,
+    decode_record_header,
+    encode_segment_header,
+    record_parts,
+    record_span,
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py)."""
+
+    seg_id: int
+    offset: int
+    stored_len: int
+    codec: int = CODEC_RAW
+    raw_len: int | None = None  # None: a raw record (raw_len = stored_len)
+
+    @property
+    def span(self) -> int:
+        return record_span(self.stored_len)
+
+    @property
+    def length(self) -> int:
+        """Bytes of the chunk itself (what an extent of it covers)."""
+        return self.stored_len if self.raw_len is None else self.raw_len
+
+    @property
+    def encoded(self) -> bool:
+        return self.codec != CODEC_RAW
+
+
+# the chunks columns a Location is built from (Location(*row) after any leading columns)
+LOCATION_COLS = "seg_id, offset, stored_len, codec, raw_len"
+
+
+def location(seg_id: int, offset: int, stored_len: int, codec: int, raw_len: int) -> Location:
+    """A Location from a chunks row (raw records get raw_len None)."""
+    return Location(seg_id, offset, stored_len, codec, None if codec == CODEC_RAW else raw_len)
+
+
+def check_chunk(chunk_id: bytes, data: bytes | memoryview) -> None:
+    """Raise CorruptData unless `data` hashes to `chunk_id`. The payload's BLAKE3 must equal
+    the chunk id, which catches all the payload CRC would, so reads do not compute that CRC
+    (it is there for scans, which have no id to compare with)."""
+    if blake3.blake3(data).digest() != chunk_id:
+        raise CorruptData(f"chunk {chunk_id.hex()[:16]}: content hash mismatch")
+
+
+class Log:
+    def __init__(
+        self,
+        root: Path,
+        config: StoreConfig,
+        new_segment_id: Callable[[], int],
+    ) -> None:
+        self.root = root
+        self.config = config
+        self._new_segment_id = new_segment_id
+        self._seg_cls = segment_class(config.device)
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # a sync returns only after every earlier append is durable
+        self._open: dict[int, FileSegment] = {}
+        self._head: FileSegment | None = None
+        self._head_id = 0
+        self._head_end = 0
+        self._unsynced: set[int] = set()
+        self._ends: dict[int, int] = {}
+        self.locate: Callable[[bytes], Location | None] | None = None  # a chunk id's catalog location (Store sets it)
+        self.evicted: EvictedSegments | None = None  # segments kept only in the bucket (Store sets it)
+        self._use_lock = threading.Lock()  # reads in flight per segment, so an evicted file closes after them
+        self._readers: Counter[int] = Counter()
+        self._retired: dict[int, list[FileSegment]] = {}
+
+    # -- segments ---------------------------------------------------------
+
+    def segment(self, seg_id: int) -> FileSegment:
+        seg = self._open.get(seg_id)
+        if seg is not None:
+            return seg
+        path = segment_path(self.root, seg_id)
+        with self._lock:
+            seg = self._open.get(seg_id)
+            if seg is None and path.exists():
+                try:
+                    seg = self._open[seg_id] = self._seg_cls.open(path)
+                except CowfsError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
+                    seg = None  # evicted meanwhile (evict.py deletes the file, then drops it here)
+        if seg is not None:
+            return seg
+        # an evicted segment, opened outside the lock: the first may build the pack reader
+        evicted = self.evicted.open(seg_id) if self.evicted is not None else None
+        if evicted is None:
+            raise CorruptData(f"segment {seg_id} is missing ({path.name})")
+        with self._lock:
+            return self._open.setdefault(seg_id, evicted)  # type: ignore[arg-type, return-value]
+
+    def forget_segment(self, seg_id: int) -> None:
+        with self._lock:
+            seg = self._open.pop(seg_id, None)
+            if seg is not None:
+                seg.close()
+
+    def drop_evicted(self, seg_id: int) -> None:
+        """Read segment `seg_id` from its eviction map from now on. Its file is closed now, or
+        by the last read in flight on it (`read_run` counts them)."""
+        with self._lock:
+            seg = self._open.pop(seg_id, None)
+        if seg is None:
+            return
+        with self._use_lock:
+            if self._readers[seg_id]:
+                self._retired.setdefault(seg_id, []).append(seg)
+                return
+        seg.close()
+
+    def _enter(self, seg_id: int) -> None:
+        with self._use_lock:
+            self._readers[seg_id] += 1
+
+    def _leave(self, seg_id: int) -> None:
+        done: list[FileSegment] = []
+        with self._use_lock:
+            self._readers[seg_id] -= 1
+            if not self._readers[seg_id]:
+                del self._readers[seg_id]
+                done = self._retired.pop(seg_id, [])
+        for seg in done:
+            seg.close()
+
+    def _rotate(self, need: int) -> None:
+        """Start a new head segment big enough for `need` bytes of records."""
+        if self._head is not None:
+            self._ends[self._head_id] = self._head_end
+        size = max(self.config.segment_size, round_up(DATA_START + need))
+        seg_id = self._new_segment_id()
+        seg = self._seg_cls.create(segment_path(self.root, seg_id), size)
+        seg.write(0, encode_segment_header(seg_id, self.config.store_uuid, time.time_ns(), FORMAT_VERSION))
+        seg.persist()
+        fsync_dir(self.root / "segments")
+        self._open[seg_id] = seg
+        self._head, self._head_id, self._head_end = seg, seg_id, DATA_START
+
+    # -- append / read ----------------------------------------------------
+
+    def append(self, chunks: Iterable[tuple[bytes, bytes | memoryview]]) -> list[Location]:
+        """Append raw chunk records (id, raw bytes); one write per segment touched."""
+        return self.append_records([(cid, data, len(data), CODEC_RAW) for cid, data in chunks])
+
+    def append_records(self, items: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
+        """Append records (id, payload, raw length, codec); one write per segment touched."""
+        locs: list[Location] = []
+        with self._lock:
+            i = 0
+            while i < len(items):
+                if self._head is None or self._head_end + record_span(len(items[i][1])) > self._head.size:
+                    self._rotate(record_span(len(items[i][1])))
+                assert self._head is not None
+                start = self._head_end
+                parts: list[bytes | memoryview] = []
+                pos = start
+                while i < len(items):
+                    cid, data, raw_len, codec = items[i]
+                    span = record_span(len(data))
+                    if pos + span > self._head.size:
+                        break
+                    parts.extend(record_parts(cid, data, raw_len, codec))
+                    locs.append(location(self._head_id, pos, len(data), codec, raw_len))
+                    pos += span
+                    i += 1
+                self._head.write_parts(start, parts)
+                self._head_end = pos
+                self._unsynced.add(self._head_id)
+        return locs
+
+    def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
+        """Read one chunk, decoded and verified; damaged or missing bytes raise CorruptData."""
+        payload = self.read_payload(loc, chunk_id)
+        if not loc.encoded:
+            return payload
+        raw = self.decode(chunk_id, loc, payload)
+        check_chunk(chunk_id, raw)
+        return memoryview(raw)
+
+    def read_payload(self, loc: Location, chunk_id: bytes) -> memoryview:
+        """A record's payload as stored, its header checked (and a raw payload verified)."""
+        dest = memoryview(bytearray(loc.stored_len))
+        self.read_run(loc.seg_id, loc.offset, [(chunk_id, dest)], not loc.encoded)
+        return dest
+
+    def decode(self, chunk_id: bytes, loc: Location, payload: memoryview) -> bytes | memoryview:
+        """The raw bytes of an encoded record's payload, in a new buffer (see decode_into)."""
+        dest = memoryview(bytearray(loc.length))
+        self.decode_into(chunk_id, loc, payload, dest)
+        return dest
+
+    def decode_into(self, chunk_id: bytes, loc: Location, payload: memoryview, dest: memoryview,
+                    depth: int = 1) -> None:
+        """Decode an encoded record's payload into `dest` (not yet verified against
+        `chunk_id`: the caller checks it). A delta's bases are found with `locate`, read and
+        decoded, at most MAX_CHAIN records deep; they are not verified one by one: a wrong
+        base makes the result wrong, which the caller's check of the result catches."""
+        def base_raw(base_id: bytes) -> bytes | memoryview:
+            if depth >= MAX_CHAIN:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: delta chain longer than {MAX_CHAIN} records")
+            if self.locate is None:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: no catalog to find its base in")
+            base_loc = self.locate(base_id)
+            if base_loc is None:
+                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: its delta base {base_id.hex()[:16]} is missing")
+            base = self.read_payload(base_loc, base_id)
+            if not base_loc.encoded:
+                return base
+            out = memoryview(bytearray(base_loc.length))
+            self.decode_into(base_id, base_loc, base, out, depth + 1)
+            return out
+
+        decode_into(loc.codec, payload, dest, base_raw)
+
+    def will_need(self, seg_id: int, offset: int, length: int) -> None:
+        """A hint that these bytes of a segment will be read soon (the device may start reading)."""
+        try:
+            self.segment(seg_id).will_need(offset, length)
+        except CorruptData:
+            pass  # a missing segment: the read itself will say so
+
+    def read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool = True) -> list[int]:
+        """Read records lying back to back from `offset` of one segment, each chunk's payload
+        straight into its `dest` (one preadv: headers and padding go to scratch buffers), and
+        check them: a bad header, a record that is not the expected chunk or missing bytes
+        raise CorruptData. With `verify`, each payload's BLAKE3 is checked too (`check_chunk`);
+        a caller that passes False must check each payload before using it (against its
+        BLAKE3, or against the payload CRC32 of its header: the returned list, in order)."""
+        self._enter(seg_id)
+        try:
+            return self._read_run(seg_id, offset, items, verify)
+        finally:
+            self._leave(seg_id)
+
+    def _read_run(self, seg_id: int, offset: int, items: list[tuple[bytes, memoryview]], verify: bool) -> list[int]:
+        seg = self.segment(seg_id)
+        heads = memoryview(bytearray(HEADER_SIZE * len(items)))
+        pad = memoryview(bytearray(RECORD_ALIGN))
+        buffers: list[memoryview] = []
+        for k, (_cid, dest) in enumerate(items):
+            buffers.append(heads[k * HEADER_SIZE:(k + 1) * HEADER_SIZE])
+            buffers.append(dest)
+            gap = record_span(len(dest)) - HEADER_SIZE - len(dest)
+            if gap:
+                buffers.append(pad[:gap])
+        got = seg.read_into(offset, buffers)
+        pos = offset
+        crcs: list[int] = []
+        for k, (cid, dest) in enumerate(items):
+            where = f"chunk {cid.hex()[:16]} at segment {seg_id} offset {pos}"
+            if got < pos - offset + HEADER_SIZE + len(dest):
+                raise CorruptData(f"{where}: record truncated (the segment ends at {offset + got})")
+            try:
+                head = decode_record_header(heads[k * HEADER_SIZE:(k + 1) * HEADER_SIZE])
+            except RecordError as e:
+                raise CorruptData(f"{where}: {e}") from None
+            if head.chunk_id != cid or head.stored_len != len(dest):
+                raise CorruptData(f"{where}: record does not hold the expected chunk")
+            if verify:
+                check_chunk(cid, dest)
+            crcs.append(head.payload_crc)
+            pos += record_span(len(dest))
+        return crcs
+
+    # -- durability -------------------------------------------------------
+
+    def sync(self) -> dict[int, int]:
+        """Make every appended record durable; return {segment: durable end}."""
+        with self._sync_lock:
+            with self._lock:
+                todo = [(sid, self._open[sid]) for sid in self._unsynced if sid in self._open]
+                ends = {sid: (self._head_end if sid == self._head_id else self._ends.get(sid, 0)) for sid, _ in todo}
+                self._unsynced.clear()
+            for _sid, seg in todo:
+                seg.persist()
+        return ends
+
+    def head_position(self) -> tuple[int, int]:
+        with self._lock:
+            return self._head_id, self._head_end
+
+    def close(self) -> dict[int, int]:
+        """Sync, cut the head's unused preallocation, close every segment."""
+        ends = self.sync()
+        with self._lock:
+            if self._head is not None:
+                self._head.truncate(round_up(self._head_end))
+            for seg in self._open.values():
+                seg.close()
+            self._open.clear()
+            self._head = None
+        if self.evicted is not None:
+            self.evicted.close()
+        return ends
+
+    @staticmethod
+    def recover_segment(path: Path, committed_end: int, device: str) -> int:
+        """Cut a segment back to its committed end; returns bytes released."""
+        end = max(committed_end, DATA_START)
+        keep = round_up(end)
+        size = os.path.getsize(path)
+        if size <= keep:
+            return 0
+        seg = segment_class(device).open(path)
+        try:
+            seg.truncate(keep)
+            if keep > end:  # no torn record header may survive in the last page
+                seg.write(end, bytes(keep - end))
+                seg.persist()
+        finally:
+            seg.close()
+        return size - keep
