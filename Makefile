@@ -13,9 +13,9 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config libisal-dev strace ceph-mon ceph-o
 # Pinned CPU wheel; installed on its own first so nothing resolves a CUDA torch.
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-NATIVE_SRC := $(wildcard native/*.c)
+NATIVE_SRC := $(wildcard native/*.c native/*.h native/*.map native/blake3/*.c native/blake3/*.h native/blake3/*.S)
 
-.PHONY: setup apt-deps mount-helper test demo bench bench-remote crashtest loadtest clean
+.PHONY: setup apt-deps mount-helper test sanitize demo bench bench-remote crashtest loadtest clean
 
 setup: $(STAMP) mount-helper
 
@@ -35,7 +35,7 @@ apt-deps:
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-running the editable install when native/*.c changes rebuilds the extension.
+# Re-running the editable install when a native/ source changes rebuilds the extension.
 $(STAMP): pyproject.toml setup.py $(NATIVE_SRC) | apt-deps $(VPY)
 	$(VPY) -m pip install --no-input $(TORCH)
 	$(VPY) -m pip install --no-input -e '.[test]'
@@ -52,6 +52,21 @@ mount-helper: $(STAMP)
 
 test: setup
 	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# native/ built with ASan and UBSan into build/sanitize (the package's Python beside it), then the
+# native unit tests against it: any leak-free memory error or undefined behaviour fails the run
+SAN_DIR := build/sanitize
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
+sanitize: setup
+	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)
+	cp -r cowfs $(SAN_DIR)/cowfs && rm -f $(SAN_DIR)/cowfs/_native*.so
+	CFLAGS="$(SAN_FLAGS)" LDFLAGS="$(SAN_FLAGS)" $(VPY) setup.py -q build_ext --build-lib $(SAN_DIR) --build-temp $(SAN_DIR)/tmp
+	cd $(SAN_DIR) && PYTHONPATH=$(CURDIR)/$(SAN_DIR):$(CURDIR) PYTHONMALLOC=malloc \
+	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  $(CURDIR)/$(VPY) -m pytest -q -p no:cacheprovider --rootdir $(CURDIR) --import-mode=append -o pythonpath=$(SAN_DIR) \
+	  $(CURDIR)/tests/engine/test_native.py $(CURDIR)/tests/engine/test_native_blake3.py $(CURDIR)/tests/engine/test_native_dataplane.py \
+	  $(CURDIR)/tests/engine/test_sanitized_build.py
 
 demo: setup
 	$(VPY) tools/demo.py

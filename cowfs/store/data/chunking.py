@@ -4,27 +4,62 @@ A cut depends only on the bytes since the previous cut, so the same bytes give
 the same chunks wherever they sit in a file: a shift of data.pkl in torch.save
 output resynchronises after one chunk, and a re-chunk that starts at an old
 chunk boundary reproduces the old chunks.
+
+The cuts and ids of a whole batch come from one native call with the GIL released
+(`_native.cdc_hash_batch`, native/dataplane.c): the same cuts as pyfastcdc's FastCDC with
+these sizes (its gear tables and masks are taken from it here) and the same ids as the
+blake3 package, over the batch's buffers as they are, without joining them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import blake3
-from pyfastcdc.cy import FastCDC
+from pyfastcdc.py import FastCDC
+
+from ... import _native
 
 AVG_CHUNK = 64 << 10
 MIN_CHUNK = 16 << 10
 MAX_CHUNK = 256 << 10
 
-_cdc = FastCDC(avg_size=AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK)
+_reference = FastCDC(avg_size=AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK).config
+CDC_PARAMS = _native.cdc_config(_reference.gear.tobytes(), _reference.gear_ls.tobytes(), _reference.mask_s,
+                                _reference.mask_l, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
 
 
 def chunk_id(data: bytes | memoryview) -> bytes:
     return blake3.blake3(data).digest()
 
 
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class CutBatch:
+    """Chunks cut from a stream's buffers: chunk i is the `lengths[i]` bytes after chunk
+    i - 1, the first at stream offset `start`, in `pieces` taken one after another."""
+
+    pieces: list[Buffer]
+    lengths: bytes  # one u32 per chunk (native order)
+    ids: bytes  # 32 bytes per chunk: BLAKE3-256
+    start: int
+
+    def __len__(self) -> int:
+        return len(self.lengths) // 4
+
+    def sizes(self) -> list[int]:
+        return memoryview(self.lengths).cast("I").tolist()
+
+    def hashes(self) -> list[bytes]:
+        ids = self.ids
+        return [ids[i:i + 32] for i in range(0, len(ids), 32)]
+
+
 class StreamChunker:
     """Cut a byte stream that arrives in pieces into content-defined chunks.
 
-    The bytes after the last certain cut are carried over to the next `feed`
+    The bytes after the last certain cut are carried over to the next `cut`
     (at most MAX_CHUNK bytes), so memory stays bounded by one batch.
     """
 
@@ -40,28 +75,36 @@ class StreamChunker:
     def carried(self) -> int:
         return len(self._carry)
 
-    def feed(self, data: bytes | memoryview | list[bytes], final: bool = False) -> list[memoryview]:
-        """Cut the carried bytes and `data` (one buffer, or pieces to be taken in order): the
-        certain chunks, as views of one buffer made with a single copy (none when `data` is one
-        bytes object and nothing is carried)."""
+    def cut(self, data: Buffer | list[Buffer], final: bool = False) -> CutBatch:
+        """Cut the carried bytes and `data` (one buffer, or pieces to be taken in order) and
+        hash the chunks, in one native call: the certain chunks (every chunk when `final`)."""
+        pieces = list(data) if isinstance(data, list) else [data]
+        if self._carry:
+            pieces.insert(0, self._carry)
+        lengths, ids, consumed = _native.cdc_hash_batch(CDC_PARAMS, pieces, final)
+        batch = CutBatch(pieces, lengths, ids, self.offset)
+        self._carry = _tail(pieces, consumed)  # at most MAX_CHUNK bytes
+        self.offset += consumed
+        return batch
+
+    def feed(self, data: Buffer | list[Buffer], final: bool = False) -> list[memoryview]:
+        """As `cut`, the chunks as views of one buffer (joined when `data` is several
+        pieces or bytes are carried: one copy)."""
         pieces = list(data) if isinstance(data, list) else [data]
         if self._carry:
             pieces.insert(0, self._carry)
         pieces = [p for p in pieces if len(p)]
         if not pieces:
             return []
-        buf = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
-        cuts = [c.length for c in _cdc.cut_buf(buf)]
-        if not final:
-            cuts.pop()
+        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self._carry = b""
+        batch = self.cut(buf, final)
         out: list[memoryview] = []
         pos = 0
         mv = memoryview(buf)
-        for n in cuts:
+        for n in batch.sizes():
             out.append(mv[pos:pos + n])
             pos += n
-        self._carry = bytes(mv[pos:])  # at most MAX_CHUNK bytes
-        self.offset += pos
         return out
 
     def state(self) -> tuple[int, bytes]:
@@ -75,6 +118,19 @@ class StreamChunker:
         """Drop the carry and restart the stream at `offset` (a known chunk boundary)."""
         self._carry = b""
         self.offset = offset
+
+
+def _tail(pieces: list[Buffer], skip: int) -> bytes:
+    """The bytes of `pieces`, taken in order, after the first `skip`."""
+    out: list[Buffer] = []
+    for p in pieces:
+        n = len(p)
+        if skip >= n:
+            skip -= n
+            continue
+        out.append(memoryview(p)[skip:] if skip else p)
+        skip = 0
+    return b"".join(out)
 
 
 def cut_all(data: bytes | memoryview) -> list[memoryview]:

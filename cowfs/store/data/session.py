@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ...errors import InvalidArgument
 from ..log.log import Location, Log
-from .chunking import MIN_CHUNK, StreamChunker, chunk_id
+from .chunk_writer import ChunkWriter
+from .chunking import MIN_CHUNK, StreamChunker
 from .content import ChunkCache, Extent, find_extent
 from .index import ChunkIndex
 from .overlay import Overlay
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from ..catalog.namespace import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
+QUEUED_BATCHES = 3  # batches of one session queued for, or in, its worker before a write waits
 REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
 
 
@@ -49,50 +51,6 @@ class Piece:
     @property
     def intact_chunk(self) -> bool:
         return self.kind == "chunk" and self.src == 0 and self.extent is not None and self.length == self.extent.length
-
-
-class ChunkWriter:
-    """Hash, dedup and append chunks; remember where each lives for read-back and commit."""
-
-    def __init__(self, log: Log, index: ChunkIndex) -> None:
-        self._log = log
-        self._index = index
-        self.pins: list[bytes] = []
-        self.locations: dict[bytes, Location] = {}
-        self.new_bytes = 0
-
-    def store(self, chunks: list[memoryview], offset: int) -> list[Extent]:
-        if not chunks:
-            return []
-        hashes = [chunk_id(c) for c in chunks]
-        known = self._index.pin(hashes)
-        self.pins.extend(hashes)
-        for h, loc in known.items():
-            self.locations.setdefault(h, loc)
-        todo: list[tuple[bytes, memoryview]] = []
-        queued: set[bytes] = set()
-        for h, c in zip(hashes, chunks):
-            if h not in self.locations and h not in queued:
-                todo.append((h, c))
-                queued.add(h)
-        if todo:
-            # append and register under gc_lock: gc never sees a record that is written but not yet known
-            with self._index.gc_lock:
-                for (h, c), loc in zip(todo, self._log.append(todo)):
-                    self._index.add_location(h, loc)
-                    self.locations[h] = loc
-                    self.new_bytes += len(c)
-        out = []
-        for h, c in zip(hashes, chunks):
-            out.append(Extent(offset, len(c), h, self.locations[h]))
-            offset += len(c)
-        return out
-
-    def release(self) -> None:
-        self._index.unpin(self.pins)
-        self.pins = []
-        self.locations = {}
-        self.new_bytes = 0
 
 
 class WriteSession:
@@ -146,7 +104,13 @@ class WriteSession:
         self.ahead: dict[int, bytes] = {}
         self._ahead_starts: list[int] = []
         self.ahead_len = 0
-        self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
+        # batches handed over and not yet stored, oldest first; one worker job at a time (the
+        # runner) stores them in order, so the caller waits only when QUEUED_BATCHES are queued
+        self._queue: list[list[bytes]] = []
+        self.queued_len = 0
+        self._runner: Future | None = None  # the job storing the queue, while it runs
+        self._job: Future | None = None  # the last runner, until _wait has seen how it ended
+        self._queue_lock = threading.Lock()
 
     # -- the streaming fast path ----------------------------------------------
 
@@ -154,33 +118,70 @@ class WriteSession:
         """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
-        chunks = self.chunker.feed(data, final=final)
-        start = self.chunker.offset - sum(len(c) for c in chunks)
+        batch = self.chunker.cut(data, final=final)
         try:
-            exts = self.writer.store(chunks, start)
+            exts = self.writer.store(batch)
         except BaseException:
             self.chunker.restore(saved)
             raise
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
 
+    def _run_queue(self) -> None:
+        """(a worker) Store the queued batches in order until none is left. A batch that
+        fails stays queued, with every one after it: `_wait` gives them back."""
+        while True:
+            with self._queue_lock:
+                if not self._queue:
+                    self._runner = None
+                    return
+                data = self._queue[0]
+            try:
+                self._run_batch(data, False)
+            except BaseException:
+                with self._queue_lock:
+                    self._runner = None
+                raise
+            with self._queue_lock:
+                self._queue.pop(0)
+                self.queued_len -= sum(len(d) for d in data)
+
+    def _failed(self) -> bool:
+        """(lock held) A batch has failed and its error is not raised yet."""
+        job = self._job
+        return job is not None and job.done() and job.exception() is not None
+
     def _wait(self) -> None:
-        """Wait for the running batch. If it failed, its bytes go back in front of `pending`
-        (its chunker state was restored): the view is unchanged, and the error is raised."""
-        if self._job is not None:
-            (job, data), self._job = self._job, None
+        """Wait until every queued batch is stored. If one failed, it and the batches after
+        it go back in front of `pending` (the chunker was put back before the failed one):
+        the view is unchanged, and the error is raised."""
+        while self._job is not None:
+            job = self._job
             try:
                 job.result()
             except BaseException:
-                self.pending[:0] = data
-                self.pending_len += sum(len(d) for d in data)
+                with self._queue_lock:
+                    back = [d for batch in self._queue for d in batch]
+                    self._queue, self.queued_len = [], 0
+                    if self._job is job:
+                        self._job = None
+                self.pending[:0] = back
+                self.pending_len += sum(len(d) for d in back)
                 raise
+            with self._queue_lock:
+                if self._job is job:
+                    self._job = None
+                    if self._queue:  # (cannot happen: the runner drains the queue before it ends)
+                        raise AssertionError("batches left queued after their runner ended")
 
     def _submit_batch(self) -> None:
-        self._wait()
         data = self.pending
         self.pending, self.pending_len = [], 0
-        self._job = (self._executor.submit(self._run_batch, data, False), data)
+        with self._queue_lock:
+            self._queue.append(data)
+            self.queued_len += sum(len(d) for d in data)
+            if self._runner is None:
+                self._runner = self._job = self._executor.submit(self._run_queue)
 
     def _freeze(self) -> None:
         """Leave the fast path: unchunked stream bytes and the reorder window move to the overlay."""
@@ -211,7 +212,7 @@ class WriteSession:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
         worker once BATCH bytes wait."""
         n = len(data)
-        if self.pending_len + n >= BATCH:
+        if self._failed() or (self.pending_len + n >= BATCH and self.queued_len >= QUEUED_BATCHES * BATCH):
             self._wait()  # a failed batch raises here, before this write changes anything
         self.pending.append(data)
         self.pending_len += n
@@ -389,14 +390,12 @@ class WriteSession:
             for off in range(0, p.length, BATCH):
                 n = min(BATCH, p.length - off)
                 sub = Piece(p.start + off, n, p.kind, p.extent, p.src + off, p.mem)
-                chunks = chunker.feed(self._piece_bytes(sub))
-                out.extend(self.writer.store(chunks, chunker.offset - sum(len(c) for c in chunks)))
+                out.extend(self.writer.store(chunker.cut(self._piece_bytes(sub))))
             if p.intact_chunk and chunker.offset == p.start:
                 assert p.extent is not None
                 out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))
                 chunker.reset(p.start + p.length)
-        tail = chunker.feed(b"", final=True)
-        out.extend(self.writer.store(tail, chunker.offset - sum(len(c) for c in tail)))
+        out.extend(self.writer.store(chunker.cut([], final=True)))
         return out
 
     def commit(self) -> "Attr | None":

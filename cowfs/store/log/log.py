@@ -206,6 +206,35 @@ class Log:
                 self._unsynced.add(self._head_id)
         return locs
 
+    def append_staged(self, staged: bytearray | memoryview, lengths: list[int]) -> list[Location]:
+        """Append raw chunk records built already, back to back in `staged`
+        (`_native.stage_records`), of chunks `lengths` bytes long; one write per segment
+        touched, no copy: a run of records that fits the head is written as one slice."""
+        buf = memoryview(staged)
+        if sum(record_span(n) for n in lengths) != len(buf):
+            raise ValueError(f"staged records hold {len(buf)} bytes, not the records of {len(lengths)} chunks")
+        locs: list[Location] = []
+        with self._lock:
+            i, at = 0, 0
+            while i < len(lengths):
+                first = record_span(lengths[i])
+                if self._head is None or self._head_end + first > self._head.size:
+                    self._rotate(first)
+                assert self._head is not None
+                start = pos = self._head_end
+                while i < len(lengths):
+                    span = record_span(lengths[i])
+                    if pos + span > self._head.size:
+                        break
+                    locs.append(Location(self._head_id, pos, lengths[i]))
+                    pos += span
+                    i += 1
+                self._head.write_parts(start, [buf[at:at + pos - start]])
+                at += pos - start
+                self._head_end = pos
+                self._unsynced.add(self._head_id)
+        return locs
+
     def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
         """Read one chunk, decoded and verified; damaged or missing bytes raise CorruptData."""
         payload = self.read_payload(loc, chunk_id)

@@ -1,0 +1,63 @@
+"""`ChunkWriter`: a write session's chunks pinned, deduplicated and appended to the log."""
+from __future__ import annotations
+
+from ... import _native
+from ..log.log import Location, Log
+from .chunking import CutBatch
+from .content import Extent
+from .index import ChunkIndex
+
+
+class ChunkWriter:
+    """Hash, dedup and append chunks; remember where each lives for read-back and commit."""
+
+    def __init__(self, log: Log, index: ChunkIndex) -> None:
+        self._log = log
+        self._index = index
+        self.pins: list[bytes] = []
+        self.locations: dict[bytes, Location] = {}
+        self.new_bytes = 0
+
+    def store(self, batch: CutBatch) -> list[Extent]:
+        """The batch's chunks as extents: pinned, and those no record holds yet (known to
+        neither the index nor this session) staged as records in one native call and
+        appended in one write per segment."""
+        n = len(batch)
+        if not n:
+            return []
+        hashes = batch.hashes()
+        sizes = batch.sizes()
+        known = self._index.pin(hashes)
+        self.pins.extend(hashes)
+        for h, loc in known.items():
+            self.locations.setdefault(h, loc)
+        picks = bytearray(n)
+        todo: list[int] = []
+        queued: set[bytes] = set()
+        for i, h in enumerate(hashes):
+            if h not in self.locations and h not in queued:
+                picks[i] = 1
+                todo.append(i)
+                queued.add(h)
+        if todo:
+            staged = _native.stage_records(batch.pieces, batch.lengths, batch.ids, picks)
+            new_sizes = [sizes[i] for i in todo]
+            # append and register under gc_lock: gc never sees a record that is written but not yet known
+            with self._index.gc_lock:
+                for i, loc in zip(todo, self._log.append_staged(staged, new_sizes)):
+                    self._index.add_location(hashes[i], loc)
+                    self.locations[hashes[i]] = loc
+            self.new_bytes += sum(new_sizes)
+        out = []
+        offset = batch.start
+        locations = self.locations
+        for h, size in zip(hashes, sizes):
+            out.append(Extent(offset, size, h, locations[h]))
+            offset += size
+        return out
+
+    def release(self) -> None:
+        self._index.unpin(self.pins)
+        self.pins = []
+        self.locations = {}
+        self.new_bytes = 0

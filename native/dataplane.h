@@ -1,0 +1,24 @@
+/* The write path's batch functions (dataplane.c), registered by cowfs_native.c. */
+#ifndef COWFS_DATAPLANE_H
+#define COWFS_DATAPLANE_H
+#include <Python.h>
+
+PyObject *cdc_config(PyObject *self, PyObject *args);
+PyObject *cdc_hash_batch(PyObject *self, PyObject *args);
+PyObject *stage_records(PyObject *self, PyObject *args);
+
+#define CDC_CONFIG_DOC \
+    "cdc_config(gear, gear_ls, mask_s, mask_l, min_size, avg_size, max_size) -> bytes\n" \
+    "FastCDC parameters for cdc_hash_batch: pyfastcdc's tables (256 u64 each) and masks."
+#define CDC_HASH_BATCH_DOC \
+    "cdc_hash_batch(params, pieces, final) -> (lengths, ids, consumed)\n" \
+    "Cut the buffers in `pieces`, taken in order as one stream, into FastCDC chunks and\n" \
+    "BLAKE3-256 each: lengths as u32 (native order), ids as 32 bytes each, and the bytes\n" \
+    "they cover. Without `final` the last chunk is left out (the caller carries it).\n" \
+    "GIL released."
+#define STAGE_RECORDS_DOC \
+    "stage_records(pieces, lengths, ids, picks) -> bytearray\n" \
+    "The raw chunk records (header, payload, zero padding to 64 bytes; CRC-32s) of the\n" \
+    "chunks whose pick byte is not 0, back to back; the chunks lie in `pieces` one after\n" \
+    "another with the given lengths (u32) and ids (32 bytes each). GIL released."
+#endif

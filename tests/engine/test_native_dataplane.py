@@ -1,0 +1,170 @@
+"""The write path's native batch functions (native/dataplane.c) against their Python
+references: pyfastcdc's cuts, the blake3 package's ids, records.encode_record's bytes."""
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import blake3
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyfastcdc.cy import FastCDC
+
+from cowfs import _native
+from cowfs.store.data.chunking import AVG_CHUNK, CDC_PARAMS, MAX_CHUNK, MIN_CHUNK, StreamChunker
+from cowfs.store.log.records import encode_record
+
+REFERENCE = FastCDC(avg_size=AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK)
+
+
+def reference_cuts(data: bytes, final: bool) -> list[int]:
+    cuts = [c.length for c in REFERENCE.cut_buf(data)] if data else []
+    if not final and cuts:
+        cuts.pop()
+    return cuts
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    out, pos = [], 0
+    for n in cuts:
+        out.append(data[pos:pos + n])
+        pos += n
+    out.append(data[pos:])
+    return out
+
+
+def native(pieces: list, final: bool) -> tuple[list[int], list[bytes], int]:
+    lengths, ids, consumed = _native.cdc_hash_batch(CDC_PARAMS, pieces, final)
+    sizes = memoryview(lengths).cast("I").tolist()
+    return sizes, [ids[i:i + 32] for i in range(0, len(ids), 32)], consumed
+
+
+def check(data: bytes, piece_cuts: list[int], final: bool) -> None:
+    pieces = split(data, piece_cuts)
+    sizes, ids, consumed = native(pieces, final)
+    assert sizes == reference_cuts(data, final)
+    assert consumed == sum(sizes)
+    pos = 0
+    for n, cid in zip(sizes, ids):
+        assert cid == blake3.blake3(data[pos:pos + n]).digest()
+        pos += n
+
+
+def low_entropy(n: int, rng: random.Random) -> bytes:
+    """Runs of repeated bytes: long stretches where the gear hash never cuts (max-size chunks)."""
+    out = bytearray()
+    while len(out) < n:
+        out += bytes([rng.randrange(4)]) * rng.randrange(1, 200_000)
+    return bytes(out[:n])
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(0, 3 * MAX_CHUNK), seed=st.integers(0, 2**32 - 1), final=st.booleans(),
+       kind=st.sampled_from(["random", "low"]), n_pieces=st.integers(0, 12))
+def test_cuts_and_ids_equal_the_references(size: int, seed: int, final: bool, kind: str, n_pieces: int) -> None:
+    rng = random.Random(seed)
+    data = rng.randbytes(size) if kind == "random" else low_entropy(size, rng)
+    piece_cuts = sorted(rng.randrange(size + 1) for _ in range(n_pieces))
+    check(data, [b - a for a, b in zip([0, *piece_cuts], piece_cuts)], final)
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, MIN_CHUNK - 1, MIN_CHUNK, MIN_CHUNK + 1, AVG_CHUNK, MAX_CHUNK - 1,
+                                  MAX_CHUNK, MAX_CHUNK + 1, 2 * MAX_CHUNK + 3, 8 << 20])
+def test_edge_sizes_and_one_byte_pieces_at_the_front(size: int) -> None:
+    data = os.urandom(size)
+    check(data, [], True)
+    check(data, [], False)
+    check(data, [1] * min(size, 33), True)  # pieces of one byte: every parity of a piece boundary
+    check(bytes(size), [size // 3], True)  # zeros: no cut before MAX_CHUNK
+
+
+def test_empty_pieces_anywhere() -> None:
+    data = os.urandom(3 * AVG_CHUNK)
+    pieces = [b"", data[:1000], b"", b"", data[1000:70_001], b"", data[70_001:], b""]
+    sizes, _ids, consumed = native(pieces, True)
+    assert sizes == reference_cuts(data, True) and consumed == len(data)
+    assert native([], True) == ([], [], 0) and native([b"", b""], False) == ([], [], 0)
+
+
+def test_any_buffer_kind() -> None:
+    data = os.urandom(5 * AVG_CHUNK)
+    ref = native([data], True)
+    assert native([bytearray(data[:100]), memoryview(data)[100:]], True) == ref
+    assert native((data[:7], data[7:]), True) == ref  # a tuple of pieces too
+
+
+def test_the_stream_chunker_cuts_as_one_buffer() -> None:
+    data = os.urandom(40 * AVG_CHUNK)
+    whole = reference_cuts(data, True)
+    rng = random.Random(7)
+    s = StreamChunker()
+    got: list[int] = []
+    pos = 0
+    while pos < len(data):
+        n = rng.randrange(1, 1 << 20)
+        got += s.cut([data[pos:pos + n]]).sizes()
+        pos += n
+    got += s.cut([], final=True).sizes()
+    assert got == whole and s.offset == len(data) and s.carried == 0
+
+
+def test_bad_inputs_get_clear_errors() -> None:
+    with pytest.raises(ValueError, match="parameters"):
+        _native.cdc_hash_batch(b"short", [b"x"], True)
+    with pytest.raises(TypeError):
+        _native.cdc_hash_batch(CDC_PARAMS, [b"x", 3], True)
+    with pytest.raises(TypeError, match="list or tuple"):
+        _native.cdc_hash_batch(CDC_PARAMS, 5, True)
+    with pytest.raises(ValueError, match="2048"):
+        _native.cdc_config(b"x" * 10, b"x" * 2048, 1, 1, 64, 128, 256)
+    with pytest.raises(ValueError, match="sizes"):
+        _native.cdc_config(b"x" * 2048, b"x" * 2048, 1, 1, 512, 128, 256)
+
+
+def test_many_threads_at_once() -> None:
+    datas = [os.urandom(2 << 20) for _ in range(8)]
+    want = [native([d], True) for d in datas]
+    got: list = [None] * 8
+
+    def run(i: int) -> None:
+        for _ in range(3):
+            got[i] = native([datas[i][:5000], datas[i][5000:]], True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_pieces=st.integers(0, 6))
+def test_staged_records_equal_encode_record(seed: int, n_pieces: int) -> None:
+    rng = random.Random(seed)
+    data = rng.randbytes(rng.randrange(0, 6 * AVG_CHUNK))
+    piece_cuts = sorted(rng.randrange(len(data) + 1) for _ in range(n_pieces))
+    pieces = split(data, [b - a for a, b in zip([0, *piece_cuts], piece_cuts)])
+    lengths, ids, _ = _native.cdc_hash_batch(CDC_PARAMS, pieces, True)
+    sizes = memoryview(lengths).cast("I").tolist()
+    picks = bytes(rng.randrange(2) for _ in sizes)
+    staged = _native.stage_records(pieces, lengths, ids, picks)
+    want, pos = b"", 0
+    for i, n in enumerate(sizes):
+        if picks[i]:
+            want += encode_record(ids[32 * i:32 * i + 32], data[pos:pos + n], n)
+        pos += n
+    assert bytes(staged) == want
+
+
+def test_stage_records_refuses_what_does_not_add_up() -> None:
+    data = os.urandom(3 * AVG_CHUNK)
+    lengths, ids, _ = _native.cdc_hash_batch(CDC_PARAMS, [data], True)
+    n = len(lengths) // 4
+    with pytest.raises(ValueError, match="disagree"):
+        _native.stage_records([data], lengths, ids[:-1], bytes(n))
+    with pytest.raises(ValueError, match="more than the pieces hold"):
+        _native.stage_records([data[:-1]], lengths, ids, bytes([1]) * n)
+    assert _native.stage_records([data], lengths, ids, bytes(n)) == bytearray()
