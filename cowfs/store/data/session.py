@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..catalog.namespace import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
-QUEUED_BATCHES = 3  # batches of one session queued for, or in, its worker before a write waits
+QUEUED_BATCHES = 1  # batches of one session queued for, or in, its worker before a write waits (more gained nothing on the 16-core machine, and a failed batch must reach the write that follows it: docs/benchmarks.md)
 REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
 
 
