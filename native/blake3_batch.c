@@ -1,7 +1,7 @@
-/* BLAKE3-256 digests for cowfs._native: one buffer (blake3), or every span of a batch in
- * one call (blake3_many), hashed by the vendored upstream C library (native/blake3/,
- * SIMD picked at run time) with the GIL released. The digests are the same as the blake3
- * package's blake3(data).digest(): the chunk ids. */
+/* BLAKE3-256 digests for cowfs._native: every span of a batch in one call (blake3_many),
+ * hashed by the vendored upstream C library (native/blake3/, SIMD picked at run time) with
+ * the GIL released. Each digest is the blake3 package's blake3(span).digest(), the chunk
+ * id; for one buffer the project calls that package (chunking.chunk_id). */
 #include "blake3_batch.h"
 
 #include <stdint.h>
@@ -20,29 +20,6 @@ static void hash_span(const uint8_t *p, size_t len, uint8_t *out)
     blake3_hasher_init(&h);
     blake3_hasher_update(&h, p, len);
     blake3_hasher_finalize(&h, out, DIGEST_LEN);
-}
-
-const char cowfs_blake3_doc[] =
-"blake3(data) -> bytes\n\n"
-"The 32-byte BLAKE3 digest of data (any C-contiguous buffer): equal to\n"
-"blake3.blake3(data).digest(). Releases the GIL for inputs of 4 KiB or more.";
-
-PyObject *cowfs_blake3(PyObject *self, PyObject *data)
-{
-    Py_buffer view;
-    uint8_t out[DIGEST_LEN];
-
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (view.len >= BLAKE3_RELEASE_GIL_FROM) {
-        Py_BEGIN_ALLOW_THREADS
-        hash_span(view.buf, (size_t)view.len, out);
-        Py_END_ALLOW_THREADS
-    } else {
-        hash_span(view.buf, (size_t)view.len, out);
-    }
-    PyBuffer_Release(&view);
-    return PyBytes_FromStringAndSize((const char *)out, DIGEST_LEN);
 }
 
 /* lengths as a buffer: one-dimensional, C-contiguous, items of 4-byte unsigned integers

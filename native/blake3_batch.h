@@ -8,11 +8,8 @@
 #endif
 #include <Python.h>
 
-extern const char cowfs_blake3_doc[];
 extern const char cowfs_blake3_many_doc[];
 
-/* blake3(buffer) -> bytes: METH_O */
-PyObject *cowfs_blake3(PyObject *self, PyObject *data);
 /* blake3_many(buffer, lengths) -> bytes: METH_VARARGS */
 PyObject *cowfs_blake3_many(PyObject *self, PyObject *args);
 

@@ -440,7 +440,6 @@ static PyMethodDef native_methods[] = {
      map_sync_supported_doc},
     {"punch_hole", punch_hole, METH_VARARGS, punch_hole_doc},
     /* blake3_batch.c */
-    {"blake3", cowfs_blake3, METH_O, cowfs_blake3_doc},
     {"blake3_many", cowfs_blake3_many, METH_VARARGS, cowfs_blake3_many_doc},
     /* dataplane.c */
     {"cdc_config", cdc_config, METH_VARARGS, CDC_CONFIG_DOC},
@@ -456,8 +455,8 @@ PyDoc_STRVAR(module_doc,
 "check that no view still refers to a bytearray (bytearray_exported), and the\n"
 "element-wise deltas of the checkpoint codecs (sub_zigzag, add_unzigzag), and the\n"
 "payload CRC32s by ISA-L (crc32) and the read-time check of a window's payloads\n"
-"(crc32_mismatch), and the BLAKE3-256 chunk ids of one buffer or of every span of a\n"
-"batch in one call (blake3, blake3_many; native/blake3_batch.c), and the write\n"
+"(crc32_mismatch), and the BLAKE3-256 chunk ids of every span of a batch in one\n"
+"call (blake3_many; native/blake3_batch.c), and the write\n"
 "path's batches: FastCDC cuts with ids, and staged records (native/dataplane.c).\n"
 "Linux only.");
 

@@ -241,21 +241,22 @@ PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
 {
     Py_buffer params;
     PyObject *pieces;
-    int final;
+    int final, with_ids = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*Op", &params, &pieces, &final))
+    if (!PyArg_ParseTuple(args, "y*Op|p", &params, &pieces, &final, &with_ids))
         return NULL;
     if (params.len != (Py_ssize_t)sizeof(cdc_params)) {
         PyBuffer_Release(&params);
         PyErr_SetString(PyExc_ValueError, "cdc_hash_batch: the parameters are not cdc_config's");
         return NULL;
     }
+    cdc_params local; /* a copy: the caller's buffer need not be aligned for u64 */
+    memcpy(&local, params.buf, sizeof local);
+    PyBuffer_Release(&params);
+    const cdc_params *cp = &local;
     stream s;
-    if (stream_take(pieces, &s) < 0) {
-        PyBuffer_Release(&params);
+    if (stream_take(pieces, &s) < 0)
         return NULL;
-    }
-    const cdc_params *cp = params.buf;
     /* at most one chunk per min_size bytes, plus the last */
     uint64_t cap = s.total / cp->min_size + 2;
     uint32_t *lengths = PyMem_Malloc(cap * sizeof(uint32_t));
@@ -274,7 +275,8 @@ PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
         uint64_t len = cut_one(cp, &s, c, s.total - pos);
         if (!final && pos + len == s.total)
             break; /* the last chunk is not certain: the caller carries it */
-        hash_span(&s, c, len, ids + n * 32);
+        if (with_ids)
+            hash_span(&s, c, len, ids + n * 32);
         lengths[n++] = (uint32_t)len;
         pos += len;
         cursor_skip(&s, &c, len);
@@ -282,13 +284,19 @@ PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
     consumed = pos;
     Py_END_ALLOW_THREADS
     out = Py_BuildValue("(y#y#K)", (const char *)lengths, (Py_ssize_t)(n * sizeof(uint32_t)), (const char *)ids,
-                        (Py_ssize_t)(n * 32), (unsigned long long)consumed);
+                        (Py_ssize_t)(with_ids ? n * 32 : 0), (unsigned long long)consumed);
 done:
     PyMem_Free(lengths);
     PyMem_Free(ids);
     stream_release(&s);
-    PyBuffer_Release(&params);
     return out;
+}
+
+static uint32_t get_u32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v); /* the lengths buffer need not be aligned */
+    return v;
 }
 
 static uint64_t record_span(uint64_t stored)
@@ -321,17 +329,17 @@ PyObject *stage_records(PyObject *self, PyObject *args)
     }
     if (stream_take(pieces, &s) < 0)
         goto done;
-    const uint32_t *lengths = lengths_buf.buf;
+    const uint8_t *lengths = lengths_buf.buf;
     const uint8_t *pick = pick_buf.buf;
     uint64_t sum = 0, size = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (lengths[i] > MAX_PAYLOAD) {
+        if (get_u32(lengths + 4 * i) > MAX_PAYLOAD) {
             PyErr_SetString(PyExc_ValueError, "stage_records: a chunk is longer than a record's payload may be");
             goto done;
         }
-        sum += lengths[i];
+        sum += get_u32(lengths + 4 * i);
         if (pick[i])
-            size += record_span(lengths[i]);
+            size += record_span(get_u32(lengths + 4 * i));
     }
     if (sum > s.total) {
         PyErr_SetString(PyExc_ValueError, "stage_records: the lengths add up to more than the pieces hold");
@@ -346,7 +354,7 @@ PyObject *stage_records(PyObject *self, PyObject *args)
     cursor c = {0, 0};
     cursor_skip(&s, &c, 0);
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t len = lengths[i];
+        uint32_t len = get_u32(lengths + 4 * i);
         if (pick[i]) {
             uint8_t *head = dst, *payload = dst + HEADER_SIZE;
             uint64_t left = len;

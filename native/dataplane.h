@@ -11,10 +11,11 @@ PyObject *stage_records(PyObject *self, PyObject *args);
     "cdc_config(gear, gear_ls, mask_s, mask_l, min_size, avg_size, max_size) -> bytes\n" \
     "FastCDC parameters for cdc_hash_batch: pyfastcdc's tables (256 u64 each) and masks."
 #define CDC_HASH_BATCH_DOC \
-    "cdc_hash_batch(params, pieces, final) -> (lengths, ids, consumed)\n" \
+    "cdc_hash_batch(params, pieces, final, with_ids=True) -> (lengths, ids, consumed)\n" \
     "Cut the buffers in `pieces`, taken in order as one stream, into FastCDC chunks and\n" \
     "BLAKE3-256 each: lengths as u32 (native order), ids as 32 bytes each, and the bytes\n" \
-    "they cover. Without `final` the last chunk is left out (the caller carries it).\n" \
+    "they cover (ids empty without `with_ids`: the cuts alone). Without `final` the last\n" \
+    "chunk is left out (the caller carries it).\n" \
     "GIL released."
 #define STAGE_RECORDS_DOC \
     "stage_records(pieces, lengths, ids, picks) -> bytearray\n" \

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pyfastcdc.cy import FastCDC
 
 from cowfs import _native
-from cowfs.store.data.chunking import AVG_CHUNK, CDC_PARAMS, MAX_CHUNK, MIN_CHUNK, StreamChunker
+from cowfs.store import Store
+from cowfs.store.data.chunking import AVG_CHUNK, CDC_PARAMS, MAX_CHUNK, MIN_CHUNK, StreamChunker, cut_all
 from cowfs.store.log.records import encode_record
 
 REFERENCE = FastCDC(avg_size=AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK)
@@ -168,3 +169,33 @@ def test_stage_records_refuses_what_does_not_add_up() -> None:
     with pytest.raises(ValueError, match="more than the pieces hold"):
         _native.stage_records([data[:-1]], lengths, ids, bytes([1]) * n)
     assert _native.stage_records([data], lengths, ids, bytes(n)) == bytearray()
+
+
+def test_staged_records_cross_segment_rotations_and_read_back(tmp_path) -> None:
+    """Log.append_staged writes a staged buffer a slice per segment (10 MiB of records into
+    4 MiB segments): every record reads back checked (header, id, BLAKE3); a buffer that
+    does not hold the records of the given lengths is refused before anything is written."""
+    Store.init(tmp_path / "s", segment_size=4 << 20)
+    with Store.open(tmp_path / "s") as s:
+        data = os.urandom(10 << 20)
+        lengths, ids, _ = _native.cdc_hash_batch(CDC_PARAMS, [data], True)
+        sizes = memoryview(lengths).cast("I").tolist()
+        staged = _native.stage_records([data], lengths, ids, b"\1" * len(sizes))
+        head = s.log.head_position()
+        with pytest.raises(ValueError, match="staged records"):
+            s.log.append_staged(staged[:-64], sizes)
+        assert s.log.head_position() == head
+        locs = s.log.append_staged(staged, sizes)
+        assert len({loc.seg_id for loc in locs}) >= 3
+        pos = 0
+        for i, (n, loc) in enumerate(zip(sizes, locs)):
+            assert bytes(s.log.read_chunk(loc, ids[32 * i:32 * i + 32])) == data[pos:pos + n]
+            pos += n
+
+
+def test_cut_all_gives_the_cuts_without_ids() -> None:
+    data = os.urandom(2 << 20)
+    lengths, ids, consumed = _native.cdc_hash_batch(CDC_PARAMS, [data], True, False)
+    assert ids == b"" and consumed == len(data)
+    assert memoryview(lengths).cast("I").tolist() == reference_cuts(data, True)
+    assert [len(c) for c in cut_all(data)] == reference_cuts(data, True)

@@ -90,18 +90,23 @@ class Mount:
             self._target = None
 
 
-@contextlib.contextmanager
-def mounted(store: Path, mnt: Path, writeback: bool | None = False, compact_idle: str = "off") -> Iterator[Mount]:
-    """Mount for the body of the with-block; unmount and reap the daemon however it ends.
-    `writeback`: the kernel's writeback cache on, off, or None for cowfs mount's default."""
+def mount_store(store: Path, mnt: Path, *options: str) -> int:
+    """`cowfs mount STORE MNT OPTIONS...` as a user runs it; the daemon's pid."""
     mnt.mkdir(parents=True, exist_ok=True)
-    wb = [] if writeback is None else ["--writeback-cache" if writeback else "--no-writeback-cache"]
-    run_cowfs("mount", str(store), str(mnt), "--compact-idle", compact_idle, *wb, timeout=600)
+    run_cowfs("mount", str(store), str(mnt), *options, timeout=600)
     pid = daemon_pid(store)
     if pid is None:  # mounted, but no daemon named in the lock file: detach and give up
         lazy_unmount(mnt)
         raise RuntimeError(f"{store} was mounted on {mnt}, but its lock file names no daemon")
-    m = Mount(store, mnt, pid)
+    return pid
+
+
+@contextlib.contextmanager
+def mounted(store: Path, mnt: Path, writeback: bool | None = False, compact_idle: str = "off") -> Iterator[Mount]:
+    """Mount for the body of the with-block; unmount and reap the daemon however it ends.
+    `writeback`: the kernel's writeback cache on, off, or None for cowfs mount's default."""
+    wb = [] if writeback is None else ["--writeback-cache" if writeback else "--no-writeback-cache"]
+    m = Mount(store, mnt, mount_store(store, mnt, "--compact-idle", compact_idle, *wb))
     try:
         yield m
     finally:

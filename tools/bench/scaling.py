@@ -260,15 +260,10 @@ class CowfsMount:
         self.pid: int | None = None
 
     def mount(self) -> None:
-        from cowfs.mountinfo import daemon_pid, lazy_unmount
+        from .mounting import mount_store
 
-        self.mnt.mkdir(parents=True, exist_ok=True)
         extra = ["--workers", str(self.workers)] if self.workers else []
-        run_cowfs("mount", str(self.store), str(self.mnt), "--compact-idle", "off", *extra, timeout=600)
-        self.pid = daemon_pid(self.store)
-        if self.pid is None:
-            lazy_unmount(self.mnt)
-            raise RuntimeError(f"{self.store} was mounted on {self.mnt}, but its lock file names no daemon")
+        self.pid = mount_store(self.store, self.mnt, "--compact-idle", "off", *extra)
 
     def unmount(self) -> None:
         from .mounting import unmount

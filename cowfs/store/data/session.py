@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from ..catalog.namespace import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
-QUEUED_BATCHES = 1  # batches of one session queued for, or in, its worker before a write waits (more gained nothing on the 16-core machine, and a failed batch must reach the write that follows it: docs/benchmarks.md)
 REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
 
 
@@ -104,13 +103,7 @@ class WriteSession:
         self.ahead: dict[int, bytes] = {}
         self._ahead_starts: list[int] = []
         self.ahead_len = 0
-        # batches handed over and not yet stored, oldest first; one worker job at a time (the
-        # runner) stores them in order, so the caller waits only when QUEUED_BATCHES are queued
-        self._queue: list[list[bytes]] = []
-        self.queued_len = 0
-        self._runner: Future | None = None  # the job storing the queue, while it runs
-        self._job: Future | None = None  # the last runner, until _wait has seen how it ended
-        self._queue_lock = threading.Lock()
+        self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
 
@@ -127,61 +120,23 @@ class WriteSession:
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
 
-    def _run_queue(self) -> None:
-        """(a worker) Store the queued batches in order until none is left. A batch that
-        fails stays queued, with every one after it: `_wait` gives them back."""
-        while True:
-            with self._queue_lock:
-                if not self._queue:
-                    self._runner = None
-                    return
-                data = self._queue[0]
-            try:
-                self._run_batch(data, False)
-            except BaseException:
-                with self._queue_lock:
-                    self._runner = None
-                raise
-            with self._queue_lock:
-                self._queue.pop(0)
-                self.queued_len -= sum(len(d) for d in data)
-
-    def _failed(self) -> bool:
-        """(lock held) A batch has failed and its error is not raised yet."""
-        job = self._job
-        return job is not None and job.done() and job.exception() is not None
-
     def _wait(self) -> None:
-        """Wait until every queued batch is stored. If one failed, it and the batches after
-        it go back in front of `pending` (the chunker was put back before the failed one):
-        the view is unchanged, and the error is raised."""
-        while self._job is not None:
-            job = self._job
+        """Wait for the running batch. If it failed, its bytes go back in front of `pending`
+        (its chunker state was restored): the view is unchanged, and the error is raised."""
+        if self._job is not None:
+            (job, data), self._job = self._job, None
             try:
                 job.result()
             except BaseException:
-                with self._queue_lock:
-                    back = [d for batch in self._queue for d in batch]
-                    self._queue, self.queued_len = [], 0
-                    if self._job is job:
-                        self._job = None
-                self.pending[:0] = back
-                self.pending_len += sum(len(d) for d in back)
+                self.pending[:0] = data
+                self.pending_len += sum(len(d) for d in data)
                 raise
-            with self._queue_lock:
-                if self._job is job:
-                    self._job = None
-                    if self._queue:  # (cannot happen: the runner drains the queue before it ends)
-                        raise AssertionError("batches left queued after their runner ended")
 
     def _submit_batch(self) -> None:
+        self._wait()
         data = self.pending
         self.pending, self.pending_len = [], 0
-        with self._queue_lock:
-            self._queue.append(data)
-            self.queued_len += sum(len(d) for d in data)
-            if self._runner is None:
-                self._runner = self._job = self._executor.submit(self._run_queue)
+        self._job = (self._executor.submit(self._run_batch, data, False), data)
 
     def _freeze(self) -> None:
         """Leave the fast path: unchunked stream bytes and the reorder window move to the overlay."""
@@ -212,7 +167,7 @@ class WriteSession:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
         worker once BATCH bytes wait."""
         n = len(data)
-        if self._failed() or (self.pending_len + n >= BATCH and self.queued_len >= QUEUED_BATCHES * BATCH):
+        if self.pending_len + n >= BATCH:
             self._wait()  # a failed batch raises here, before this write changes anything
         self.pending.append(data)
         self.pending_len += n

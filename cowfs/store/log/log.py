@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import blake3
 
@@ -175,10 +175,6 @@ class Log:
         self._head, self._head_id, self._head_end = seg, seg_id, DATA_START
 
     # -- append / read ----------------------------------------------------
-
-    def append(self, chunks: Iterable[tuple[bytes, bytes | memoryview]]) -> list[Location]:
-        """Append raw chunk records (id, raw bytes); one write per segment touched."""
-        return self.append_records([(cid, data, len(data), CODEC_RAW) for cid, data in chunks])
 
     def append_records(self, items: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
         """Append records (id, payload, raw length, codec); one write per segment touched."""
