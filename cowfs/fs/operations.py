@@ -363,8 +363,11 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         if f.shared.error is not None:
             raise pyfuse3.FUSEError(f.shared.error)
+        session = f.shared.session
+        while (batch := session.batch_to_wait_for(off, len(buf))) is not None:
+            await wait_future(batch)  # this thread serves every file: it never blocks on one file's batch
         try:
-            return f.shared.session.write(off, buf)
+            return session.write(off, buf)
         except Exception as e:
             self._session_failed(f, e, "write")
             raise

@@ -212,6 +212,18 @@ class WriteSession:
 
     # -- the caller's operations ------------------------------------------------
 
+    def batch_to_wait_for(self, offset: int, n: int) -> Future | None:
+        """The running batch that a write of `n` bytes at `offset` may wait for, or None when
+        it cannot wait (no batch runs, or the write is a plain append that does not fill the
+        next batch). The FUSE thread, which serves every file, awaits it without blocking
+        (`fs.dispatch.wait_future`) and then writes: `write` then finds it done."""
+        with self._lock:
+            if self._job is None or self._job[0].done():
+                return None
+            plain_append = (self.streaming and not self.overlay and not self.ahead and offset == self.stream_pos
+                            and self.pending_len + n < BATCH)
+            return None if plain_append else self._job[0]
+
     def write(self, offset: int, data: bytes | memoryview) -> int:
         if offset < 0:
             raise InvalidArgument("negative offset")

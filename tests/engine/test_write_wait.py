@@ -1,0 +1,103 @@
+"""The FUSE thread serves every file, so it never blocks on one file's batch: a write that
+would wait for its session's running batch (`WriteSession.batch_to_wait_for`) is awaited in
+trio first (`CowfsOperations.write`), and other requests are served meanwhile."""
+from __future__ import annotations
+
+import os
+import threading
+from types import SimpleNamespace
+
+import trio
+import trio.testing
+
+import cowfs.store.data.session as session_mod
+from cowfs.fs.operations import CowfsOperations
+from cowfs.store import ROOT_INO, Store
+
+MiB = 1 << 20
+
+
+class StuckBatches:
+    """Makes a session's batches wait for `release` before they are stored."""
+
+    def __init__(self, session: session_mod.WriteSession) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        real = session.writer.store
+
+        def store(batch):  # type: ignore[no-untyped-def]
+            self.started.set()
+            self.release.wait(60)
+            return real(batch)
+
+        session.writer.store = store  # type: ignore[method-assign]
+
+
+def _read(store: Store, ino: int) -> bytes:
+    attr = store.getattr(ino)
+    with store.open_reader(ino) as r:
+        return bytes(r.read(0, attr.size + 1))
+
+
+def test_which_writes_would_wait_for_the_running_batch(store: Store) -> None:
+    batch = session_mod.BATCH
+    body = os.urandom(batch + 3 * MiB)
+    ino = store.create(ROOT_INO, b"f").ino
+    with store.open_session(ino) as s:
+        stuck = StuckBatches(s)
+        assert s.batch_to_wait_for(0, batch) is None  # no batch runs yet
+        s.write(0, body[:batch])  # the first batch goes to a worker, and sticks there
+        assert stuck.started.wait(30)
+        assert s.batch_to_wait_for(batch, MiB) is None  # a plain append: it cannot wait
+        s.write(batch, body[batch:batch + MiB])
+        running = s.batch_to_wait_for(batch + MiB, batch)  # it would fill the next batch
+        assert running is not None and not running.done()
+        assert s.batch_to_wait_for(MiB, 10) is running  # an overwrite leaves the stream: it waits first
+        assert s.batch_to_wait_for(batch + 2 * MiB, MiB) is running  # held ahead of the stream
+        stuck.release.set()
+        running.result(30)
+        assert s.batch_to_wait_for(batch + MiB, batch) is None
+        s.write(batch + MiB, body[batch + MiB:])
+        s.commit()
+    assert _read(store, ino) == body
+
+
+def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: Store) -> None:
+    """Without the wait in trio, the write blocks the trio thread until the batch is done,
+    and the other task sees the write finished already (the batch is then let go by a
+    fallback timer, so the test fails instead of hanging)."""
+    batch = session_mod.BATCH
+    body = os.urandom(2 * batch)
+    ino = store.create(ROOT_INO, b"g").ino
+    ops = CowfsOperations(store)
+    with store.open_session(ino) as s:
+        stuck = StuckBatches(s)
+        s.write(0, body[:batch])
+        assert stuck.started.wait(30)
+        ops.handles.files[7] = SimpleNamespace(shared=SimpleNamespace(session=s, error=None))  # type: ignore[assignment]
+        seen: dict[str, bool] = {}
+        fallback = threading.Timer(10, stuck.release.set)
+        fallback.start()
+
+        async def main() -> None:
+            done = trio.Event()
+
+            async def write() -> None:
+                assert await ops.write(7, batch, body[batch:]) == batch
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                await trio.testing.wait_all_tasks_blocked()  # the write waits for the stuck batch (or has blocked the thread and finished)
+                seen["served while the write waited"] = not done.is_set()
+                stuck.release.set()
+                await done.wait()
+
+        try:
+            trio.run(main)
+        finally:
+            fallback.cancel()
+            stuck.release.set()
+        assert seen == {"served while the write waited": True}
+        s.commit()
+    assert _read(store, ino) == body
