@@ -9,7 +9,8 @@ from .index import ChunkIndex
 
 
 class ChunkWriter:
-    """Hash, dedup and append chunks; remember where each lives for read-back and commit."""
+    """Pin, dedup and append a session's cut chunks (their ids come with the cut); remember
+    where each lives for read-back and commit."""
 
     def __init__(self, log: Log, index: ChunkIndex) -> None:
         self._log = log
