@@ -37,7 +37,8 @@ setup(
     ext_modules=[
         Extension(
             "cowfs._native",
-            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", *blake3_sources],
+            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", "native/cdc.c", "native/fanout.c",
+             *blake3_sources],
             include_dirs=["native/blake3"],
             define_macros=blake3_macros,
             depends=sorted(glob("native/*.h") + glob(BLAKE3 + "*.h")) + ["native/cowfs_native.map"],

@@ -3,14 +3,15 @@
  *
  * A batch is a list of buffers taken in order (the carry of the previous batch, then the
  * bytes of the FUSE WRITEs); nothing joins them. cdc_hash_batch cuts the stream with
- * FastCDC (the same cuts as pyfastcdc's FastCDC with the parameters of cdc_config: the
- * tables and masks come from pyfastcdc itself) and gives each chunk's BLAKE3-256 id;
+ * FastCDC (cdc.c: the same cuts as pyfastcdc's FastCDC with the parameters of cdc_config,
+ * whose tables and masks come from pyfastcdc itself) and gives each chunk's BLAKE3-256 id;
  * stage_records builds the log records of the chunks the caller picked (header, payload,
  * zero padding to 64 bytes; payload and header CRC-32 by ISA-L) in one new buffer, the
  * only copy of the bytes in user space, ready for one write to the head segment.
  *
  * Both take every buffer first (bytes, bytearray, memoryview: anything contiguous), then
- * work without the GIL, so the daemon's workers hash and stage on all the cores.
+ * work without the GIL, the batch split among `threads` threads (fanout.c): the gear
+ * hashing by stream ranges, the ids and the records by runs of chunks of about equal bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,20 +21,15 @@
 #include <isa-l/crc.h>
 
 #include "blake3/blake3.h"
+#include "cdc.h"
 #include "dataplane.h"
+#include "fanout.h"
 
 #define RECORD_ALIGN 64
 #define HEADER_SIZE 64
 #define KIND_CHUNK 1
 #define MAX_PAYLOAD (1u << 24)
-
-/* ---- the FastCDC parameters, packed into a bytes object ---- */
-
-typedef struct {
-    uint64_t min_size, avg_size, max_size;
-    uint64_t mask_s, mask_l, mask_s_ls, mask_l_ls;
-    uint64_t gear[256], gear_ls[256];
-} cdc_params;
+#define MIN_BYTES_PER_THREAD (256u << 10) /* ids and records: fewer threads for a smaller batch */
 
 PyObject *cdc_config(PyObject *self, PyObject *args)
 {
@@ -48,6 +44,9 @@ PyObject *cdc_config(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "cdc_config: each gear table must be 256 u64 (2048 bytes)");
     } else if (!(64 <= min_size && min_size <= avg_size && avg_size <= max_size && max_size <= MAX_PAYLOAD)) {
         PyErr_SetString(PyExc_ValueError, "cdc_config: sizes must satisfy 64 <= min <= avg <= max <= 16 MiB");
+    } else if ((mask_s | mask_l) >> 63) {
+        /* cdc.c tests a position without knowing its parity in the chunk: exact without bit 63 */
+        PyErr_SetString(PyExc_ValueError, "cdc_config: the masks must leave bit 63 clear");
     } else {
         out = PyBytes_FromStringAndSize(NULL, sizeof(cdc_params));
         if (out) {
@@ -73,8 +72,9 @@ PyObject *cdc_config(PyObject *self, PyObject *args)
 
 typedef struct {
     Py_buffer *views;
+    cdc_piece *pieces;
     Py_ssize_t count;
-    uint64_t total;
+    cdc_stream cs;
 } stream;
 
 static void stream_release(stream *s)
@@ -82,26 +82,29 @@ static void stream_release(stream *s)
     for (Py_ssize_t i = 0; i < s->count; i++)
         PyBuffer_Release(&s->views[i]);
     PyMem_Free(s->views);
+    PyMem_Free(s->pieces);
     s->views = NULL;
+    s->pieces = NULL;
     s->count = 0;
 }
 
 /* Take a buffer of every item of `seq` (a list or tuple). */
 static int stream_take(PyObject *seq, stream *s)
 {
-    s->views = NULL;
-    s->count = 0;
-    s->total = 0;
+    memset(s, 0, sizeof *s);
     PyObject *fast = PySequence_Fast(seq, "the pieces must be a list or tuple of buffers");
     if (!fast)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     s->views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    if (!s->views) {
+    s->pieces = PyMem_Calloc(n ? n : 1, sizeof(cdc_piece));
+    if (!s->views || !s->pieces) {
+        stream_release(s);
         Py_DECREF(fast);
         PyErr_NoMemory();
         return -1;
     }
+    uint64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &s->views[i], PyBUF_SIMPLE) < 0) {
             stream_release(s);
@@ -109,184 +112,144 @@ static int stream_take(PyObject *seq, stream *s)
             return -1;
         }
         s->count = i + 1;
-        s->total += (uint64_t)s->views[i].len;
+        s->pieces[i] = (cdc_piece){(const uint8_t *)s->views[i].buf, (uint64_t)s->views[i].len, total};
+        total += (uint64_t)s->views[i].len;
     }
     Py_DECREF(fast);
+    s->cs = (cdc_stream){s->pieces, (size_t)s->count, total};
     return 0;
 }
 
-/* A position in the stream: piece index and offset in it. */
+/* How many threads share `bytes` of work, at most `asked` (1 for a small batch). */
+static int threads_for(int asked, uint64_t bytes)
+{
+    uint64_t most = bytes / MIN_BYTES_PER_THREAD + 1;
+    if (asked < 1)
+        return 1;
+    return (uint64_t)asked > most ? (int)most : asked;
+}
+
+/* Chunks [first, end) of `starts` (their stream offsets, and the end at [n]) split into
+ * `parts` runs of about equal bytes: the run of part `part`. */
+static void chunk_run(const uint64_t *starts, int64_t n, int part, int parts, int64_t *first, int64_t *end)
+{
+    uint64_t total = starts[n] - starts[0];
+    uint64_t lo = starts[0] + total * (uint64_t)part / (uint64_t)parts;
+    uint64_t hi = starts[0] + total * (uint64_t)(part + 1) / (uint64_t)parts;
+    int64_t a = 0, b = n;
+    while (a < b) { /* the first chunk starting at or after lo */
+        int64_t m = a + (b - a) / 2;
+        if (starts[m] < lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    *first = a;
+    b = n;
+    int64_t c = a;
+    while (c < b) { /* the first chunk starting at or after hi */
+        int64_t m = c + (b - c) / 2;
+        if (starts[m] < hi)
+            c = m + 1;
+        else
+            b = m;
+    }
+    *end = part == parts - 1 ? n : c;
+}
+
+/* ---- cuts and ids ---- */
+
 typedef struct {
-    Py_ssize_t piece;
-    uint64_t off;
-} cursor;
+    const cdc_stream *s;
+    const uint64_t *starts; /* n + 1 stream offsets */
+    int64_t n;
+    uint8_t *ids;
+} hash_job;
 
-/* Move `c` forward by n bytes (n within the stream). */
-static void cursor_skip(const stream *s, cursor *c, uint64_t n)
-{
-    while (n > 0) {
-        uint64_t left = (uint64_t)s->views[c->piece].len - c->off;
-        if (n < left) {
-            c->off += n;
-            return;
-        }
-        n -= left;
-        c->piece++;
-        c->off = 0;
-    }
-    while (c->piece < s->count && (uint64_t)s->views[c->piece].len == c->off) {
-        c->piece++;
-        c->off = 0;
-    }
-}
-
-/* Gear-hash bytes [rel, end) of a chunk (rel counted from the chunk's start; `p` points at
- * byte rel) with pyfastcdc's two-byte step: bytes at even rel are shifted by two and use
- * the shifted table and mask, bytes at odd rel add the plain table. Returns the cut (the
- * chunk's length) or -1, with the hash carried in *hash. */
-static inline int64_t gear_scan(const cdc_params *cp, const uint8_t *p, uint64_t rel, uint64_t end, uint64_t m,
-                                uint64_t m_ls, uint64_t *hash)
-{
-    uint64_t h = *hash;
-    if (rel < end && (rel & 1)) {
-        h += cp->gear[*p];
-        if (!(h & m)) {
-            *hash = h;
-            return (int64_t)rel;
-        }
-        p++;
-        rel++;
-    }
-    for (; rel + 1 < end; rel += 2, p += 2) {
-        h = (h << 2) + cp->gear_ls[p[0]];
-        if (!(h & m_ls)) {
-            *hash = h;
-            return (int64_t)rel;
-        }
-        h += cp->gear[p[1]];
-        if (!(h & m)) {
-            *hash = h;
-            return (int64_t)(rel + 1);
-        }
-    }
-    if (rel < end) {
-        h = (h << 2) + cp->gear_ls[*p];
-        if (!(h & m_ls)) {
-            *hash = h;
-            return (int64_t)rel;
-        }
-    }
-    *hash = h;
-    return -1;
-}
-
-/* The length of the chunk that starts at `at`, with `remaining` bytes left in the stream:
- * pyfastcdc's _cut_gear, over pieces. */
-static uint64_t cut_one(const cdc_params *cp, const stream *s, cursor at, uint64_t remaining)
-{
-    if (remaining <= cp->min_size)
-        return remaining;
-    uint64_t center = cp->avg_size;
-    if (remaining > cp->max_size)
-        remaining = cp->max_size;
-    else if (remaining < center)
-        center = remaining;
-    uint64_t start_pos = cp->min_size / 2 * 2, mid_pos = center / 2 * 2, end_pos = remaining / 2 * 2;
-    uint64_t hash = 0;
-    cursor c = at;
-    cursor_skip(s, &c, start_pos);
-    uint64_t rel = start_pos;
-    while (rel < end_pos) {
-        const uint8_t *p = (const uint8_t *)s->views[c.piece].buf + c.off;
-        uint64_t in_piece = (uint64_t)s->views[c.piece].len - c.off;
-        uint64_t stop = rel + in_piece < end_pos ? rel + in_piece : end_pos;
-        uint64_t r = rel;
-        int64_t cut;
-        if (r < mid_pos) { /* pairs below mid_pos: the stricter masks (mid_pos is even) */
-            uint64_t small_stop = stop < mid_pos ? stop : mid_pos;
-            cut = gear_scan(cp, p, r, small_stop, cp->mask_s, cp->mask_s_ls, &hash);
-            if (cut >= 0)
-                return (uint64_t)cut;
-            p += small_stop - r;
-            r = small_stop;
-        }
-        if (r < stop) {
-            cut = gear_scan(cp, p, r, stop, cp->mask_l, cp->mask_l_ls, &hash);
-            if (cut >= 0)
-                return (uint64_t)cut;
-        }
-        cursor_skip(s, &c, stop - rel);
-        rel = stop;
-    }
-    return remaining;
-}
-
-/* BLAKE3 of `len` bytes at `at`, across pieces. */
-static void hash_span(const stream *s, cursor at, uint64_t len, uint8_t out[32])
+/* BLAKE3-256 of `len` stream bytes at `at`, into out. */
+static void hash_span(const cdc_stream *s, uint64_t at, uint64_t len, uint8_t *out)
 {
     blake3_hasher h;
     blake3_hasher_init(&h);
+    size_t i = len ? cdc_piece_at(s, at) : 0;
+    uint64_t off = len ? at - s->pieces[i].start : 0;
     while (len > 0) {
-        uint64_t in_piece = (uint64_t)s->views[at.piece].len - at.off;
-        uint64_t n = len < in_piece ? len : in_piece;
-        blake3_hasher_update(&h, (const uint8_t *)s->views[at.piece].buf + at.off, n);
-        len -= n;
-        at.piece++;
-        at.off = 0;
+        uint64_t k = s->pieces[i].len - off;
+        if (k > len)
+            k = len;
+        blake3_hasher_update(&h, s->pieces[i].data + off, k);
+        len -= k;
+        i++;
+        off = 0;
     }
     blake3_hasher_finalize(&h, out, 32);
 }
+
+static void hash_part(void *arg, int part, int parts)
+{
+    const hash_job *job = arg;
+    int64_t first, end;
+    chunk_run(job->starts, job->n, part, parts, &first, &end);
+    for (int64_t c = first; c < end; c++)
+        hash_span(job->s, job->starts[c], job->starts[c + 1] - job->starts[c], job->ids + c * 32);
+}
+
 
 PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
 {
     Py_buffer params;
     PyObject *pieces;
-    int final, with_ids = 1;
+    int final, with_ids = 1, threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*Op|p", &params, &pieces, &final, &with_ids))
+    if (!PyArg_ParseTuple(args, "y*Op|pi", &params, &pieces, &final, &with_ids, &threads))
         return NULL;
     if (params.len != (Py_ssize_t)sizeof(cdc_params)) {
         PyBuffer_Release(&params);
         PyErr_SetString(PyExc_ValueError, "cdc_hash_batch: the parameters are not cdc_config's");
         return NULL;
     }
+    if (threads < 1 || threads > FANOUT_MAX) {
+        PyBuffer_Release(&params);
+        PyErr_Format(PyExc_ValueError, "cdc_hash_batch: threads must be between 1 and %d", FANOUT_MAX);
+        return NULL;
+    }
     cdc_params local; /* a copy: the caller's buffer need not be aligned for u64 */
     memcpy(&local, params.buf, sizeof local);
     PyBuffer_Release(&params);
-    const cdc_params *cp = &local;
     stream s;
     if (stream_take(pieces, &s) < 0)
         return NULL;
     /* at most one chunk per min_size bytes, plus the last */
-    uint64_t cap = s.total / cp->min_size + 2;
+    uint64_t cap = s.cs.total / local.min_size + 2;
     uint32_t *lengths = PyMem_Malloc(cap * sizeof(uint32_t));
+    uint64_t *starts = PyMem_Malloc((cap + 1) * sizeof(uint64_t));
     uint8_t *ids = PyMem_Malloc(cap * 32);
     PyObject *out = NULL;
-    if (!lengths || !ids) {
+    if (!lengths || !starts || !ids) {
         PyErr_NoMemory();
         goto done;
     }
-    uint64_t n = 0, consumed = 0;
+    int64_t n;
+    uint64_t consumed = 0;
     Py_BEGIN_ALLOW_THREADS
-    cursor c = {0, 0};
-    cursor_skip(&s, &c, 0);
-    uint64_t pos = 0;
-    while (pos < s.total) {
-        uint64_t len = cut_one(cp, &s, c, s.total - pos);
-        if (!final && pos + len == s.total)
-            break; /* the last chunk is not certain: the caller carries it */
-        if (with_ids)
-            hash_span(&s, c, len, ids + n * 32);
-        lengths[n++] = (uint32_t)len;
-        pos += len;
-        cursor_skip(&s, &c, len);
+    n = cdc_cut(&local, &s.cs, final, threads, lengths, &consumed);
+    if (n > 0 && with_ids) {
+        starts[0] = 0;
+        for (int64_t i = 0; i < n; i++)
+            starts[i + 1] = starts[i] + lengths[i];
+        hash_job job = {&s.cs, starts, n, ids};
+        fanout(hash_part, &job, threads_for(threads, consumed));
     }
-    consumed = pos;
     Py_END_ALLOW_THREADS
+    if (n < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
     out = Py_BuildValue("(y#y#K)", (const char *)lengths, (Py_ssize_t)(n * sizeof(uint32_t)), (const char *)ids,
                         (Py_ssize_t)(with_ids ? n * 32 : 0), (unsigned long long)consumed);
 done:
     PyMem_Free(lengths);
+    PyMem_Free(starts);
     PyMem_Free(ids);
     stream_release(&s);
     return out;
@@ -312,84 +275,130 @@ static void put_u32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
+typedef struct {
+    const cdc_stream *s;
+    const uint64_t *starts; /* n + 1 stream offsets */
+    int64_t n;
+    const uint8_t *ids, *pick;
+    const uint64_t *dst_at; /* where each picked chunk's record goes in dst */
+    uint8_t *dst;
+} stage_job;
+
+/* One record: header, payload copied from the stream, zero padding; CRC-32s by ISA-L. */
+static void stage_one(const stage_job *job, int64_t i)
+{
+    uint64_t at = job->starts[i], len = job->starts[i + 1] - at, span = record_span(len);
+    uint8_t *head = job->dst + job->dst_at[i], *payload = head + HEADER_SIZE;
+    cdc_stream_copy(job->s, at, len, payload);
+    memset(payload + len, 0, span - HEADER_SIZE - len);
+    memset(head, 0, HEADER_SIZE);
+    memcpy(head, "CWFR", 4);
+    head[4] = KIND_CHUNK;
+    head[5] = 0; /* raw */
+    put_u32(head + 8, (uint32_t)len);
+    put_u32(head + 12, (uint32_t)len);
+    memcpy(head + 16, job->ids + (uint64_t)i * 32, 32);
+    put_u32(head + 48, crc32_gzip_refl(0, payload, len));
+    put_u32(head + 60, crc32_gzip_refl(0, head, 60));
+}
+
+static void stage_part(void *arg, int part, int parts)
+{
+    const stage_job *job = arg;
+    int64_t first, end;
+    chunk_run(job->starts, job->n, part, parts, &first, &end);
+    for (int64_t i = first; i < end; i++)
+        if (job->pick[i])
+            stage_one(job, i);
+}
+
 PyObject *stage_records(PyObject *self, PyObject *args)
 {
     PyObject *pieces;
-    Py_buffer lengths_buf, ids_buf, pick_buf;
+    Py_buffer lengths_buf, ids_buf, pick_buf, into_buf;
+    PyObject *into = Py_None;
+    int threads = 1, have_into = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Oy*y*y*", &pieces, &lengths_buf, &ids_buf, &pick_buf))
+    if (!PyArg_ParseTuple(args, "Oy*y*y*|iO", &pieces, &lengths_buf, &ids_buf, &pick_buf, &threads, &into))
         return NULL;
     PyObject *out = NULL, *staged = NULL;
-    stream s = {NULL, 0, 0};
+    stream s;
+    memset(&s, 0, sizeof s);
+    uint64_t *starts = NULL, *dst_at = NULL;
     Py_ssize_t n = lengths_buf.len / (Py_ssize_t)sizeof(uint32_t);
     if (lengths_buf.len % sizeof(uint32_t) || ids_buf.len != n * 32 || pick_buf.len != n) {
         PyErr_SetString(PyExc_ValueError,
                         "stage_records: lengths (u32 each), ids (32 bytes each) and picks (1 byte each) disagree");
         goto done;
     }
+    if (threads < 1 || threads > FANOUT_MAX) {
+        PyErr_Format(PyExc_ValueError, "stage_records: threads must be between 1 and %d", FANOUT_MAX);
+        goto done;
+    }
     if (stream_take(pieces, &s) < 0)
         goto done;
+    starts = PyMem_Malloc((size_t)(n + 1) * sizeof(uint64_t));
+    dst_at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (!starts || !dst_at) {
+        PyErr_NoMemory();
+        goto done;
+    }
     const uint8_t *lengths = lengths_buf.buf;
     const uint8_t *pick = pick_buf.buf;
-    uint64_t sum = 0, size = 0;
+    uint64_t size = 0, picked = 0;
+    starts[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (get_u32(lengths + 4 * i) > MAX_PAYLOAD) {
+        uint32_t len = get_u32(lengths + 4 * i);
+        if (len > MAX_PAYLOAD) {
             PyErr_SetString(PyExc_ValueError, "stage_records: a chunk is longer than a record's payload may be");
             goto done;
         }
-        sum += get_u32(lengths + 4 * i);
-        if (pick[i])
-            size += record_span(get_u32(lengths + 4 * i));
+        starts[i + 1] = starts[i] + len;
+        dst_at[i] = size;
+        if (pick[i]) {
+            size += record_span(len);
+            picked += len;
+        }
     }
-    if (sum > s.total) {
+    if (starts[n] > s.cs.total) {
         PyErr_SetString(PyExc_ValueError, "stage_records: the lengths add up to more than the pieces hold");
         goto done;
     }
-    staged = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
-    if (!staged)
-        goto done;
-    uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(staged);
-    const uint8_t *ids = ids_buf.buf;
-    Py_BEGIN_ALLOW_THREADS
-    cursor c = {0, 0};
-    cursor_skip(&s, &c, 0);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t len = get_u32(lengths + 4 * i);
-        if (pick[i]) {
-            uint8_t *head = dst, *payload = dst + HEADER_SIZE;
-            uint64_t left = len;
-            cursor at = c;
-            uint8_t *w = payload;
-            while (left > 0) {
-                uint64_t in_piece = (uint64_t)s.views[at.piece].len - at.off;
-                uint64_t k = left < in_piece ? left : in_piece;
-                memcpy(w, (const uint8_t *)s.views[at.piece].buf + at.off, k);
-                w += k;
-                left -= k;
-                at.piece++;
-                at.off = 0;
-            }
-            uint64_t span = record_span(len);
-            memset(payload + len, 0, span - HEADER_SIZE - len);
-            memset(head, 0, HEADER_SIZE);
-            memcpy(head, "CWFR", 4);
-            head[4] = KIND_CHUNK;
-            head[5] = 0; /* raw */
-            put_u32(head + 8, len);
-            put_u32(head + 12, len);
-            memcpy(head + 16, ids + (uint64_t)i * 32, 32);
-            put_u32(head + 48, crc32_gzip_refl(0, payload, len));
-            put_u32(head + 60, crc32_gzip_refl(0, head, 60));
-            dst += span;
+    uint8_t *dst;
+    if (into != Py_None) {
+        if (PyObject_GetBuffer(into, &into_buf, PyBUF_WRITABLE) < 0)
+            goto done;
+        have_into = 1;
+        if ((uint64_t)into_buf.len < size) {
+            PyErr_Format(PyExc_ValueError, "stage_records: the buffer holds %zd bytes, the records need %llu",
+                         into_buf.len, (unsigned long long)size);
+            goto done;
         }
-        cursor_skip(&s, &c, len);
+        dst = into_buf.buf;
+    } else {
+        staged = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (!staged)
+            goto done;
+        dst = (uint8_t *)PyByteArray_AS_STRING(staged);
     }
+    stage_job job = {&s.cs, starts, n, ids_buf.buf, pick, dst_at, dst};
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 0)
+        fanout(stage_part, &job, threads_for(threads, picked));
     Py_END_ALLOW_THREADS
-    out = staged;
-    staged = NULL;
+    if (have_into) {
+        out = PyLong_FromUnsignedLongLong(size);
+    } else {
+        out = staged;
+        staged = NULL;
+    }
 done:
+    if (have_into)
+        PyBuffer_Release(&into_buf);
     Py_XDECREF(staged);
     stream_release(&s);
+    PyMem_Free(starts);
+    PyMem_Free(dst_at);
     PyBuffer_Release(&lengths_buf);
     PyBuffer_Release(&ids_buf);
     PyBuffer_Release(&pick_buf);

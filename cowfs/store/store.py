@@ -29,6 +29,7 @@ from .catalog.history import VersionInfo
 from .catalog.namespace import Attr
 from .catalog.schema import KIND_FILE
 from .catalog.snapshots import Snapshot
+from .data.batch_threads import BatchThreads
 from .data.commit import commit_version, version_events
 from .data.content import Extent, VersionId, load_extents
 from .data.holds import Holds
@@ -95,6 +96,8 @@ class Store(TreeChanges):
         # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
         self.workers = workers or os.cpu_count() or 2
         self.executor = ThreadPoolExecutor(max_workers=chunk_workers or self.workers, thread_name_prefix="cowfs-chunk")
+        # a write batch's native calls run on the cores the batches running at once leave idle
+        self.batch_threads = BatchThreads(self.workers)
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
         self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
         self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
@@ -322,6 +325,7 @@ class Store(TreeChanges):
             self.read_chunk,
             self._commit_version,
             self._session_closed,
+            self.batch_threads,
         )
         self._sessions[ino] = session
         return session

@@ -14,7 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from cowfs.store.log import device as device_mod
 from cowfs.store.log.buffers import BufferPool, staging_pool, window_pool
+from cowfs.store.log import log as log_mod
 from cowfs.store.log.device import BLOCK, DirectFileSegment, FileSegment
+from cowfs.store.log.pmem import PmemSegment
 
 SIZE = 16 * BLOCK
 
@@ -277,5 +279,43 @@ def test_direct_segment_matches_a_bytearray(model_base, monkeypatch, small):
 
 
 def test_buffered_segment_class_is_unchanged():
-    assert device_mod.segment_class("file") is FileSegment
-    assert device_mod.segment_class("direct") is DirectFileSegment
+    assert log_mod.segment_class("file") is FileSegment
+    assert log_mod.segment_class("direct") is DirectFileSegment
+    assert log_mod.segment_class("pmem") is PmemSegment
+
+
+def test_write_aligned_writes_straight_from_the_callers_buffer(tmp_path):
+    """Block-aligned data from a page-aligned buffer goes to the device as it is; anything
+    not aligned (offset, length, address) is refused with nothing written."""
+    path = tmp_path / "s.seg"
+    seg = DirectFileSegment.create(path, SIZE)
+    buf = staging_pool(4 * BLOCK, keep=1).take()
+    try:
+        assert seg.aligned_writes
+        head = os.urandom(100)
+        seg.write(0, head)  # a held partial block before the aligned write
+        data = os.urandom(2 * BLOCK)
+        view = memoryview(buf)
+        view[:2 * BLOCK] = data
+        assert not seg.write_aligned(BLOCK + 64, view[:2 * BLOCK])  # offset
+        assert not seg.write_aligned(BLOCK, view[:BLOCK + 64])  # length
+        assert not seg.write_aligned(BLOCK, view[64:64 + BLOCK])  # address
+        assert not seg.write_aligned(BLOCK, memoryview(bytes(BLOCK)))  # read-only
+        assert on_disk(path)[BLOCK:3 * BLOCK] == bytes(2 * BLOCK)
+        assert seg.write_aligned(BLOCK, view[:2 * BLOCK])
+        assert on_disk(path)[BLOCK:3 * BLOCK] == data  # on the device before any persist
+        assert on_disk(path)[:100] == head  # the held block went first
+        assert seg.read(0, 3 * BLOCK) == head + bytes(BLOCK - 100) + data
+        view.release()
+    finally:
+        seg.close()
+
+
+def test_file_segments_have_no_aligned_writes(tmp_path):
+    seg = FileSegment.create(tmp_path / "s.seg", SIZE)
+    try:
+        buf = staging_pool(BLOCK, keep=1).take()
+        assert not seg.aligned_writes and not seg.write_aligned(0, memoryview(buf))
+        assert on_disk(tmp_path / "s.seg") == bytes(SIZE)
+    finally:
+        seg.close()

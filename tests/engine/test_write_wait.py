@@ -25,10 +25,10 @@ class StuckBatches:
         self.started = threading.Event()
         real = session.writer.store
 
-        def store(batch):  # type: ignore[no-untyped-def]
+        def store(batch, threads=1):  # type: ignore[no-untyped-def]
             self.started.set()
             self.release.wait(60)
-            return real(batch)
+            return real(batch, threads)
 
         session.writer.store = store  # type: ignore[method-assign]
 

@@ -8,7 +8,8 @@ classes are replaced (through `cowfs.store.log.log.segment_class`, where the log
 recovery look them up) by subclasses that forward every call to the real code
 and report to the `Disk`:
 
-  write / punch     the 4 KiB pages touched become dirty (not durable)
+  write / punch     the 4 KiB pages touched become dirty (not durable); write_aligned too
+                    (direct: the log's aligned appends, O_DIRECT from the caller's buffer)
   persist           file, direct: fdatasync, so every dirty page and the size become durable
                     (direct: after its held partial block was written);
                     pmem: only the pages in the range `_native.persist` was asked to
@@ -52,7 +53,9 @@ from pathlib import Path
 from cowfs.store.catalog import db as catalog_mod
 from cowfs.store.log import device as device_mod
 from cowfs.store.log import log as log_mod
-from cowfs.store.log.device import DirectFileSegment, FileSegment, PmemSegment
+from cowfs.store.log import pmem as pmem_mod
+from cowfs.store.log.device import DirectFileSegment, FileSegment
+from cowfs.store.log.pmem import PmemSegment
 
 PAGE = 4096
 
@@ -307,6 +310,15 @@ class PLFileSegment(FileSegment):
             super().write_parts(offset, parts)
             d.touched(self.path, offset, n)
 
+    def write_aligned(self, offset: int, data: memoryview) -> bool:
+        d = _disk()
+        with d.lock:
+            d.point("write", f"{self.path.name}@{offset}+{len(data)}")
+            done = super().write_aligned(offset, data)
+            if done:
+                d.touched(self.path, offset, len(data))
+        return done
+
     def persist(self) -> None:
         d = _disk()
         with d.lock:
@@ -400,7 +412,7 @@ class _TrackedMmap(mmap.mmap):
 
 
 class _MmapModuleProxy:
-    """The `mmap` module as device.py sees it: mappings are `_TrackedMmap`s."""
+    """The `mmap` module as device.py and pmem.py see it: mappings are `_TrackedMmap`s."""
 
     mmap = _TrackedMmap
 
@@ -412,16 +424,16 @@ def install(monkeypatch, disk: Disk) -> None:  # type: ignore[no-untyped-def]
     """Route the store's segments, directory fsyncs and catalog writes through `disk`."""
     global DISK
     DISK = disk
-    if not isinstance(device_mod._native, _NativeProxy):
-        monkeypatch.setattr(device_mod, "_native", _NativeProxy(device_mod._native))
-    if not isinstance(device_mod.mmap, _MmapModuleProxy):
-        monkeypatch.setattr(device_mod, "mmap", _MmapModuleProxy())
+    for mod in (device_mod, pmem_mod):  # pmem_mod: PmemSegment's persist and msync
+        if not isinstance(mod._native, _NativeProxy):
+            monkeypatch.setattr(mod, "_native", _NativeProxy(mod._native))
+        if not isinstance(mod.mmap, _MmapModuleProxy):
+            monkeypatch.setattr(mod, "mmap", _MmapModuleProxy())
 
     def seg_class(device: str):  # type: ignore[no-untyped-def]
         return {"pmem": PLPmemSegment, "direct": PLDirectSegment}.get(device, PLFileSegment)
 
     monkeypatch.setattr(log_mod, "segment_class", seg_class)
-    monkeypatch.setattr(device_mod, "segment_class", seg_class)
 
     real_fsync_dir = log_mod.fsync_dir if not hasattr(log_mod.fsync_dir, "_pl") else log_mod.fsync_dir._pl
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ... import _native
 from ..log.log import Location, Log
+from ..log.records import record_span
 from .chunking import CutBatch
 from .content import Extent
 from .index import ChunkIndex
@@ -19,10 +20,10 @@ class ChunkWriter:
         self.locations: dict[bytes, Location] = {}
         self.new_bytes = 0
 
-    def store(self, batch: CutBatch) -> list[Extent]:
+    def store(self, batch: CutBatch, threads: int = 1) -> list[Extent]:
         """The batch's chunks as extents: pinned, and those no record holds yet (known to
-        neither the index nor this session) staged as records in one native call and
-        appended in one write per segment."""
+        neither the index nor this session) staged as records in one native call (on
+        `threads` threads) and appended in one write per segment."""
         n = len(batch)
         if not n:
             return []
@@ -41,13 +42,14 @@ class ChunkWriter:
                 todo.append(i)
                 queued.add(h)
         if todo:
-            staged = _native.stage_records(batch.pieces, batch.lengths, batch.ids, picks)
             new_sizes = [sizes[i] for i in todo]
-            # append and register under gc_lock: gc never sees a record that is written but not yet known
-            with self._index.gc_lock:
-                for i, loc in zip(todo, self._log.append_staged(staged, new_sizes)):
-                    self._index.add_location(hashes[i], loc)
-                    self.locations[hashes[i]] = loc
+            with self._log.staging(sum(record_span(n) for n in new_sizes)) as staged:
+                _native.stage_records(batch.pieces, batch.lengths, batch.ids, picks, threads, staged)
+                # append and register under gc_lock: gc never sees a record that is written but not yet known
+                with self._index.gc_lock:
+                    for i, loc in zip(todo, self._log.append_staged(staged, new_sizes)):
+                        self._index.add_location(hashes[i], loc)
+                        self.locations[hashes[i]] = loc
             self.new_bytes += sum(new_sizes)
         out = []
         offset = batch.start

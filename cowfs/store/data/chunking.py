@@ -75,13 +75,14 @@ class StreamChunker:
     def carried(self) -> int:
         return len(self._carry)
 
-    def cut(self, data: Buffer | list[Buffer], final: bool = False) -> CutBatch:
+    def cut(self, data: Buffer | list[Buffer], final: bool = False, threads: int = 1) -> CutBatch:
         """Cut the carried bytes and `data` (one buffer, or pieces to be taken in order) and
-        hash the chunks, in one native call: the certain chunks (every chunk when `final`)."""
+        hash the chunks, in one native call on `threads` threads: the certain chunks (every
+        chunk when `final`)."""
         pieces = list(data) if isinstance(data, list) else [data]
         if self._carry:
             pieces.insert(0, self._carry)
-        lengths, ids, consumed = _native.cdc_hash_batch(CDC_PARAMS, pieces, final)
+        lengths, ids, consumed = _native.cdc_hash_batch(CDC_PARAMS, pieces, final, True, threads)
         batch = CutBatch(pieces, lengths, ids, self.offset)
         self._carry = _tail(pieces, consumed)  # at most MAX_CHUNK bytes
         self.offset += consumed

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ...errors import InvalidArgument
 from ..log.log import Location, Log
+from .batch_threads import BatchThreads
 from .chunk_writer import ChunkWriter
 from .chunking import MIN_CHUNK, StreamChunker
 from .content import ChunkCache, Extent, find_extent
@@ -67,8 +68,10 @@ class WriteSession:
         read_chunk: Callable[[bytes, Location], bytes],
         commit_fn: Callable[["WriteSession", list[Extent]], "tuple[Attr | None, list[Extent]]"],
         on_close: Callable[["WriteSession"], None],
+        threads: BatchThreads | None = None,
     ) -> None:
         self.ino = ino
+        self._threads = threads or BatchThreads(1)
         self._log = log
         self._index = index
         self._executor = executor
@@ -111,12 +114,13 @@ class WriteSession:
         """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
-        batch = self.chunker.cut(data, final=final)
-        try:
-            exts = self.writer.store(batch)
-        except BaseException:
-            self.chunker.restore(saved)
-            raise
+        with self._threads.share() as threads:
+            batch = self.chunker.cut(data, final=final, threads=threads)
+            try:
+                exts = self.writer.store(batch, threads)
+            except BaseException:
+                self.chunker.restore(saved)
+                raise
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
 
@@ -357,7 +361,8 @@ class WriteSession:
             for off in range(0, p.length, BATCH):
                 n = min(BATCH, p.length - off)
                 sub = Piece(p.start + off, n, p.kind, p.extent, p.src + off, p.mem)
-                out.extend(self.writer.store(chunker.cut(self._piece_bytes(sub))))
+                with self._threads.share() as threads:
+                    out.extend(self.writer.store(chunker.cut(self._piece_bytes(sub), threads=threads), threads))
             if p.intact_chunk and chunker.offset == p.start:
                 assert p.extent is not None
                 out.append(Extent(p.start, p.length, p.extent.chunk, p.extent.loc))

@@ -1,5 +1,5 @@
-"""Segment files on a device: `file` (pwrite + fdatasync), `direct` (O_DIRECT writes of whole
-blocks + fdatasync) and `pmem` (mmap + cache-line persist).
+"""Segment files on a device: `file` (pwrite + fdatasync) and `direct` (O_DIRECT writes of
+whole blocks + fdatasync); `pmem` (mmap + cache-line persist) is in pmem.py.
 
 A segment is one preallocated file. The log appends to it in large batches and
 calls `persist()` at each durability point. Everything before the last
@@ -7,6 +7,7 @@ calls `persist()` at each durability point. Everything before the last
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -30,9 +31,11 @@ def _raise_os(e: OSError, what: str) -> None:
 class Segment(Protocol):
     path: Path
     size: int
+    aligned_writes: bool
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None: ...
     def write_parts(self, offset: int, parts: list[bytes | memoryview]) -> None: ...
+    def write_aligned(self, offset: int, data: memoryview) -> bool: ...
     def read(self, offset: int, length: int) -> bytes: ...
     def read_into(self, offset: int, buffers: list[memoryview]) -> int: ...
     def will_need(self, offset: int, length: int) -> None: ...
@@ -42,6 +45,14 @@ class Segment(Protocol):
     def image(self) -> mmap.mmap | bytes: ...
     def allocated_bytes(self) -> int: ...
     def close(self) -> None: ...
+
+
+def is_block_aligned(view: memoryview) -> bool:
+    """Whether the buffer's first byte lies on a BLOCK boundary in memory (a page-aligned
+    mmap's view and its block-aligned slices do), as O_DIRECT needs."""
+    if view.readonly or not view.contiguous or not len(view):
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) % BLOCK == 0
 
 
 def _consume(views: list[memoryview], n: int) -> None:
@@ -104,6 +115,16 @@ class FileSegment:
                 _consume(views, n)
         except OSError as e:
             _raise_os(e, f"write {self.path}")
+
+    @property
+    def aligned_writes(self) -> bool:
+        """Whether write_aligned writes (DirectFileSegment with its O_DIRECT descriptor)."""
+        return False
+
+    def write_aligned(self, offset: int, data: memoryview) -> bool:
+        """Write block-aligned `data` straight from the caller's buffer where this segment can
+        (DirectFileSegment); False here: nothing written, the caller uses write_parts."""
+        return False
 
     def read(self, offset: int, length: int) -> bytes:
         try:
@@ -264,6 +285,31 @@ class DirectFileSegment(FileSegment):
         with WRITE_STAGING.lend() as stage:
             self._fill_and_write(stage, cap, start, prefix, views)
 
+    @property
+    def aligned_writes(self) -> bool:
+        return self.dfd >= 0
+
+    def write_aligned(self, offset: int, data: memoryview) -> bool:
+        """Write `data` with O_DIRECT straight from the caller's buffer, no copy into staging:
+        its address, its length and `offset` must be multiples of BLOCK, and it replaces
+        whole blocks that hold nothing yet (the log's aligned appends). False, with nothing
+        written, where that cannot be done (no direct descriptor, a buffer not aligned, or
+        the filesystem refusing O_DIRECT after all): the caller writes it another way."""
+        if offset % BLOCK or len(data) % BLOCK or not is_block_aligned(data):
+            return False
+        with self._lock:
+            if self.dfd < 0:
+                return False
+            self._seal()  # a held block lies before `offset`: it goes to the device first, as before any other write
+            try:
+                self._pwrite_direct(data, offset)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    _raise_os(e, f"write {self.path}")
+                self._stop_direct()
+                return False
+        return True
+
     def _fill_and_write(self, stage: memoryview, cap: int, start: int, prefix: bytes | memoryview,
                         views: list[memoryview]) -> None:
         stage[:len(prefix)] = prefix
@@ -373,91 +419,3 @@ class DirectFileSegment(FileSegment):
                     os.close(self.dfd)
                     self.dfd = -1
                 FileSegment.close(self)
-
-
-class PmemSegment(FileSegment):
-    """The segment mapped into memory; stores are made durable by cache-line write-back.
-
-    On a DAX file (real persistent memory, MAP_SYNC works) `persist()` is clwb or
-    clflushopt per line plus sfence. Where the mapping goes through the page
-    cache (not DAX, as on this machine) it also calls msync for the dirty pages.
-    """
-
-    def __init__(self, path: Path, fd: int) -> None:
-        super().__init__(path, fd)
-        self.dax = self.size > 0 and _native.map_sync_supported(fd, self.size)
-        self.map: mmap.mmap | None = mmap.mmap(fd, self.size) if self.size else None
-        self._dirty_lock = threading.Lock()
-        self._dirty_lo = self.size
-        self._dirty_hi = 0
-
-    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        PmemSegment.write_parts(self, offset, [data])  # not a subclass's write_parts: one write is one write
-
-    def write_parts(self, offset: int, parts: list[bytes | bytearray | memoryview]) -> None:
-        n = sum(len(p) for p in parts)
-        if self.map is None or offset + n > self.size:
-            raise CowfsError(f"write past the end of {self.path}")
-        pos = offset
-        for part in parts:
-            self.map[pos:pos + len(part)] = part
-            pos += len(part)
-        with self._dirty_lock:
-            self._dirty_lo = min(self._dirty_lo, offset)
-            self._dirty_hi = max(self._dirty_hi, offset + n)
-
-    def read(self, offset: int, length: int) -> bytes:
-        if self.map is None:
-            return b""
-        return self.map[offset:offset + length]
-
-    def read_into(self, offset: int, buffers: list[memoryview]) -> int:
-        if self.map is None:
-            return 0
-        pos = offset
-        with memoryview(self.map) as whole:
-            for buf in buffers:
-                n = max(0, min(len(buf), self.size - pos))
-                buf[:n] = whole[pos:pos + n]
-                pos += n
-                if n < len(buf):
-                    break
-        return pos - offset
-
-    def persist(self) -> None:
-        with self._dirty_lock:
-            lo, hi = self._dirty_lo, self._dirty_hi
-            self._dirty_lo, self._dirty_hi = self.size, 0
-        if self.map is None or hi <= lo:
-            return
-        _native.persist(self.map, lo, hi - lo)
-        # Python's mmap cannot ask for MAP_SYNC, so even on DAX the file metadata
-        # needs msync; on a page-cache mapping msync is what writes the data back.
-        page = mmap.PAGESIZE
-        plo = lo // page * page
-        try:
-            self.map.flush(plo, hi - plo)
-        except OSError as e:
-            _raise_os(e, f"msync {self.path}")
-
-    def truncate(self, length: int) -> None:
-        self.persist()
-        if self.map is not None:
-            self.map.close()
-        super().truncate(length)
-        self.map = mmap.mmap(self.fd, length) if length else None
-        self._dirty_lo, self._dirty_hi = length, 0
-
-    def image(self) -> mmap.mmap | bytes:
-        return self.map if self.map is not None else b""
-
-    def close(self) -> None:
-        if self.map is not None:
-            self.persist()
-            self.map.close()
-            self.map = None
-        super().close()
-
-
-def segment_class(device: str) -> type[FileSegment]:
-    return {"pmem": PmemSegment, "direct": DirectFileSegment}.get(device, FileSegment)

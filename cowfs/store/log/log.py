@@ -8,20 +8,24 @@ end: whatever lay beyond it was never referenced by a committed version.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import mmap
 import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import blake3
 
 from ...errors import CorruptData, CowfsError
 from .codecs import MAX_CHAIN, decode_into
-from .device import FileSegment, round_up, segment_class
+from .buffers import staging_pool
+from .device import DirectFileSegment, FileSegment, round_up
+from .pmem import PmemSegment
 from .evicted import EvictedSegments
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
@@ -78,6 +82,18 @@ def check_chunk(chunk_id: bytes, data: bytes | memoryview) -> None:
         raise CorruptData(f"chunk {chunk_id.hex()[:16]}: content hash mismatch")
 
 
+def segment_class(device: str) -> type[FileSegment]:
+    """The segment class of a store's device (docs/design.md, "Devices")."""
+    return {"pmem": PmemSegment, "direct": DirectFileSegment}.get(device, FileSegment)
+
+
+# staged batches (data/chunk_writer.py): a write batch (8 MiB, plus up to a 1 MiB write and the
+# 256 KiB carry) with its record headers fits one pooled buffer; a buffer per batch running at once
+STAGING_BUFFER = 12 << 20
+STAGING_KEEP = 16
+ALIGNED_MIN = 256 << 10  # staged records from this many bytes start on a block boundary (direct segments)
+
+
 class Log:
     def __init__(
         self,
@@ -102,6 +118,7 @@ class Log:
         self._use_lock = threading.Lock()  # reads in flight per segment, so an evicted file closes after them
         self._readers: Counter[int] = Counter()
         self._retired: dict[int, list[FileSegment]] = {}
+        self._staging = staging_pool(STAGING_BUFFER, keep=STAGING_KEEP)
 
     # -- segments ---------------------------------------------------------
 
@@ -202,22 +219,43 @@ class Log:
                 self._unsynced.add(self._head_id)
         return locs
 
+    @contextlib.contextmanager
+    def staging(self, size: int) -> Iterator[memoryview]:
+        """A page-aligned buffer for `size` bytes of staged records and the zeros after them up
+        to the next block boundary (`_native.stage_records(..., into=)`, then `append_staged`):
+        pooled, so its pages are not faulted in again for every batch."""
+        if round_up(size) <= self._staging.size:
+            with self._staging.lend() as view:
+                yield view
+        else:  # a batch larger than any write batch: a buffer of its own, freed with its last view
+            yield memoryview(mmap.mmap(-1, round_up(size)))
+
     def append_staged(self, staged: bytearray | memoryview, lengths: list[int]) -> list[Location]:
-        """Append raw chunk records built already, back to back in `staged`
+        """Append raw chunk records built already, back to back from the start of `staged`
         (`_native.stage_records`), of chunks `lengths` bytes long; one write per segment
-        touched, no copy: a run of records that fits the head is written as one slice."""
-        buf = memoryview(staged)
-        if sum(record_span(n) for n in lengths) != len(buf):
+        touched, no copy: a run of records that fits the head is written as one slice.
+
+        Records of ALIGNED_MIN bytes or more in a `staging` buffer go to a direct segment
+        with no copy at all: they start on the next block boundary (up to 4,032 bytes of
+        zeros before them, a zero region like padding) and are written with the zeros after
+        them to the block's end, straight from the buffer (DirectFileSegment.write_aligned);
+        the next append starts after that block."""
+        buf = memoryview(staged).cast("B")
+        total = sum(record_span(n) for n in lengths)
+        if len(buf) < total:
             raise ValueError(f"staged records hold {len(buf)} bytes, not the records of {len(lengths)} chunks")
         locs: list[Location] = []
         with self._lock:
             i, at = 0, 0
             while i < len(lengths):
                 first = record_span(lengths[i])
-                if self._head is None or self._head_end + first > self._head.size:
+                aligned = at == 0 and total >= ALIGNED_MIN and self._head is not None and self._head.aligned_writes
+                start = round_up(self._head_end) if aligned else self._head_end
+                if self._head is None or start + first > self._head.size:
                     self._rotate(first)
+                    start = self._head_end  # DATA_START: on a block boundary
                 assert self._head is not None
-                start = pos = self._head_end
+                pos = start
                 while i < len(lengths):
                     span = record_span(lengths[i])
                     if pos + span > self._head.size:
@@ -225,6 +263,15 @@ class Log:
                     locs.append(Location(self._head_id, pos, lengths[i]))
                     pos += span
                     i += 1
+                padded = round_up(pos)
+                # (the zeros go after the batch's last record only: bytes after `pos` in the
+                # buffer are records for the next segment when this one is full)
+                if aligned and i == len(lengths) and padded <= self._head.size and len(buf) >= padded - start:
+                    buf[pos - start:padded - start] = bytes(padded - pos)
+                    if self._head.write_aligned(start, buf[:padded - start]):
+                        self._head_end, at = padded, pos - start
+                        self._unsynced.add(self._head_id)
+                        continue
                 self._head.write_parts(start, [buf[at:at + pos - start]])
                 at += pos - start
                 self._head_end = pos

@@ -35,7 +35,6 @@ import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import CorruptData
