@@ -1,3 +1,24 @@
-"""cowfs: a FUSE filesystem for versioned ML checkpoints."""
+"""cowfs: a FUSE filesystem for versioned ML checkpoints.
+
+`cowfs.save(obj, path)` and `cowfs.load(path)` are torch.save and torch.load for files in a
+cowfs mount, the saved bytes handed to the daemon without FUSE (cowfs/plugins); importing
+cowfs does not import torch."""
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+
+def save(obj: Any, path: Any, **kwargs: Any) -> None:
+    """torch.save(obj, path), durable as one new version when it returns (plugins/torch_io.py)."""
+    from .plugins.torch_io import save as _save  # noqa: PLC0415 - keeps torch out of `import cowfs`
+
+    _save(obj, path, **kwargs)
+
+
+def load(path: Any, **kwargs: Any) -> Any:
+    """torch.load(path, **kwargs) (plugins/torch_io.py)."""
+    from .plugins.torch_io import load as _load  # noqa: PLC0415
+
+    return _load(path, **kwargs)

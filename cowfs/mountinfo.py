@@ -72,3 +72,38 @@ def lazy_unmount(mountpoint: str | Path) -> bool:
     """`fusermount3 -u -z`: detach a mount whose daemon is gone (or must go). True if it worked."""
     r = subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False, capture_output=True)
     return r.returncode == 0
+
+
+def _devices() -> dict[int, tuple[str, list[str]]]:
+    """st_dev -> (mountpoint, super options) of every mount (/proc/self/mountinfo's
+    major:minor field, and the fields after ' - ')."""
+    out: dict[int, tuple[str, list[str]]] = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            major, _, minor = fields[2].partition(":")
+            out[os.makedev(int(major), int(minor))] = (_unescape(fields[4]), right.split())
+    return out
+
+
+def mount_device(mountpoint: str | Path) -> int | None:
+    """The st_dev of the files of the mount at `mountpoint`, without a stat through it (the
+    daemon asks about its own mount: a stat would wait for the daemon)."""
+    fields = mount_fields(mountpoint)
+    if fields is None:
+        return None
+    major, _, minor = fields[2].partition(":")
+    return os.makedev(int(major), int(minor))
+
+
+def cowfs_mount_owner(st_dev: int) -> int | None:
+    """The uid that mounted the cowfs mount whose files have device `st_dev` (FUSE's user_id=
+    option), or None when that device is not a cowfs mount."""
+    found = _devices().get(st_dev)
+    if found is None or len(found[1]) < 3 or found[1][0] != FS_TYPE:
+        return None
+    for opt in found[1][2].split(","):
+        if opt.startswith("user_id="):
+            return int(opt[len("user_id="):])
+    return None

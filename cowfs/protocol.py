@@ -10,9 +10,19 @@ its response, then one {"event": {...}} line per change. See docs/cli.md.
 from __future__ import annotations
 
 import base64
+import os
 from typing import Any
 
 SOCKET_NAME = "daemon.sock"
+
+
+def put_socket_name(st_dev: int) -> str:
+    """The abstract unix socket on which the daemon of the cowfs mount whose files have device
+    `st_dev` takes puts (fs/put_server.py, plugins/put.py): a file's bytes in a sealed memfd,
+    no FUSE requests. Wire format: one message, a JSON line {"op": "put", "size": N} with two
+    descriptors (SCM_RIGHTS): the file, opened for writing through the mount, then the memfd;
+    one JSON line back, as on the control socket."""
+    return f"\0cowfs-put-{os.major(st_dev)}:{os.minor(st_dev)}"
 
 
 def encode(value: Any) -> Any:

@@ -100,17 +100,17 @@ class WriteSession:
         self.stream_extents: list[Extent] = []
         self._stream_starts: list[int] = []
         # bytes written after the chunker's carry, as received (joined once, by the worker)
-        self.pending: list[bytes] = []
+        self.pending: list[bytes | memoryview] = []
         self.pending_len = 0
         # the reorder window: writes beyond stream_pos, by offset (sorted starts in _ahead_starts)
         self.ahead: dict[int, bytes] = {}
         self._ahead_starts: list[int] = []
         self.ahead_len = 0
-        self._job: tuple[Future, list[bytes]] | None = None  # the running batch and its bytes
+        self._job: tuple[Future, list[bytes | memoryview]] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
 
-    def _run_batch(self, data: list[bytes], final: bool) -> None:
+    def _run_batch(self, data: list[bytes | memoryview], final: bool) -> None:
         """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
@@ -167,7 +167,7 @@ class WriteSession:
         if self.ahead:
             self._freeze()
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes | memoryview) -> None:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
         worker once BATCH bytes wait."""
         n = len(data)
@@ -228,7 +228,10 @@ class WriteSession:
                             and self.pending_len + n < BATCH)
             return None if plain_append else self._job[0]
 
-    def write(self, offset: int, data: bytes | memoryview) -> int:
+    def write(self, offset: int, data: bytes | memoryview, borrow: bool = False) -> int:
+        """Write `data` at `offset`. `borrow`: the caller promises that `data` (a read-only
+        view) stays unchanged until the next commit or abort, so an append keeps the view
+        instead of a copy (the put socket's sealed memfd pages)."""
         if offset < 0:
             raise InvalidArgument("negative offset")
         n = len(data)
@@ -237,7 +240,8 @@ class WriteSession:
         with self._lock:
             self.dirty = True
             if self.streaming and offset == self.stream_pos and not self.overlay:
-                self._append(bytes(data))  # no copy when it is bytes already (FUSE writes are)
+                # no copy when it is bytes already (FUSE writes are) or borrowed
+                self._append(data if borrow and isinstance(data, memoryview) else bytes(data))
                 self._join_ahead()
             elif self.streaming and offset > self.stream_pos and not self.overlay and self._hold(offset, bytes(data)):
                 pass

@@ -1,0 +1,205 @@
+"""Puts (issue 34): a file's bytes handed to the daemon in a sealed memfd, committed as one
+durable version without FUSE WRITEs (cowfs/fs/put_server.py, cowfs/plugins/put.py): the same
+result as a save through the mount; the kernel's open checks guard it; bad requests change
+nothing."""
+from __future__ import annotations
+
+import encodings.unicode_escape  # noqa: F401 - imported before a child drops to nobody (mountinfo uses it)
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import cowfs
+from cowfs.plugins.put import PutRefused, put
+from cowfs.protocol import put_socket_name
+from cowfs.store import Store
+from tests.support.mountutil import cowfs as cowfs_cli
+from tests.support.mountutil import mounted, small_fs
+from tests.support.storeutil import assert_clean
+from tests.mount.test_fulldisk import fill
+
+NOBODY = 65534
+
+
+def _chunks(store: Path, name: str) -> list[tuple[int, int, bytes]]:
+    with Store.open(store) as s:
+        ino = s.resolve("/" + name).ino
+        with s.open_reader(ino) as r:
+            return [(e.offset, e.length, e.chunk) for e in r.extents]
+
+
+def test_save_commits_what_a_save_through_the_mount_commits(store_path: Path, tmp_path: Path) -> None:
+    state = {f"w{i}": torch.randn(256, 1024) for i in range(24)}
+    data = os.urandom(20 << 20)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        cowfs.save(state, mnt / "put.pt")
+        back = cowfs.load(mnt / "put.pt")
+        assert all(torch.equal(back[k], state[k]) for k in state)
+        cowfs.save(state, mnt / "put.pt")  # the same again: a second version
+        assert put(mnt / "put.bin", lambda f: f.write(data)) is True  # through the daemon's socket
+        (mnt / "fuse.bin").write_bytes(data)
+        assert (mnt / "put.bin").read_bytes() == data
+        log_lines = cowfs_cli("log", str(mnt), "/put.pt").stdout.decode()
+        before = json.loads(cowfs_cli("stats", "--json", str(mnt)).stdout)
+        put(mnt / "again.bin", lambda f: f.write(data))  # known bytes: nothing new stored
+        after = json.loads(cowfs_cli("stats", "--json", str(mnt)).stdout)
+    with Store.open(store_path) as s:
+        assert len(s.history(s.resolve("/put.pt").ino)) == 2, log_lines
+    # the same bytes through the socket and through FUSE: the same chunks, stored once
+    assert _chunks(store_path, "put.bin") == _chunks(store_path, "fuse.bin") == _chunks(store_path, "again.bin")
+    assert after["stored_bytes"] == before["stored_bytes"], (before, after)
+
+
+def test_save_outside_a_cowfs_mount_writes_the_file(tmp_path: Path) -> None:
+    assert put(tmp_path / "plain.bin", lambda f: f.write(b"abc")) is False
+    assert (tmp_path / "plain.bin").read_bytes() == b"abc"
+    cowfs.save({"x": torch.arange(10)}, tmp_path / "plain.pt")
+    assert torch.equal(torch.load(tmp_path / "plain.pt")["x"], torch.arange(10))
+
+
+def _raw_put(mnt: Path, fds: list[int], header: bytes) -> dict:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with sock:
+        sock.connect(put_socket_name(os.stat(mnt).st_dev))
+        socket.send_fds(sock, [header], fds)
+        return json.loads(sock.recv(65536).split(b"\n")[0])
+
+
+def _memfd(data: bytes, seal: bool = True) -> int:
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    return fd
+
+
+def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path: Path) -> None:
+    with mounted(store_path, tmp_path / "m") as mnt:
+        (mnt / "f").write_bytes(b"before")
+        data = os.urandom(100_000)
+        header = json.dumps({"op": "put", "size": len(data)}).encode() + b"\n"
+        w = os.open(mnt / "f", os.O_WRONLY)
+        r = os.open(mnt / "f", os.O_RDONLY)
+        other = os.open(tmp_path / "elsewhere", os.O_WRONLY | os.O_CREAT)
+        sealed, unsealed = _memfd(data), _memfd(data, seal=False)
+        try:
+            cases = [
+                ([w, unsealed], header, errno.EPERM, "seal"),
+                ([r, sealed], header, errno.EBADF, "not open for writing"),
+                ([other, sealed], header, errno.EXDEV, "not a regular file of this cowfs mount"),
+                ([w], header, errno.EINVAL, "2 descriptors"),
+                ([w, r], header, errno.EINVAL, "holds 6 bytes"),  # a file of this mount as the memfd: no hang
+                ([w, sealed], json.dumps({"op": "put", "size": 5}).encode() + b"\n", errno.EINVAL, "holds 100000"),
+                ([w, sealed], b"{not json\n", errno.EINVAL, "JSON"),
+                ([w, sealed], b'{"op": "get"}\n', errno.EINVAL, "malformed put"),
+            ]
+            for fds, head, code, words in cases:
+                reply = _raw_put(mnt, fds, head)
+                assert reply["ok"] is False and reply["errno"] == code and words in reply["error"], reply
+            assert (mnt / "f").read_bytes() == b"before"
+            assert _raw_put(mnt, [w, sealed], header)["ok"] is True  # the same descriptors, done right
+        finally:
+            for fd in (w, r, other, sealed, unsealed):
+                os.close(fd)
+        assert (mnt / "f").read_bytes() == data
+        cowfs_cli("snapshot", "create", str(mnt), "s1")
+        with pytest.raises(OSError) as e:  # the kernel refuses a snapshot's file for writing at open
+            put(mnt / ".snapshots" / "s1" / "f", lambda f: f.write(b"x"))
+        assert e.value.errno == errno.EROFS
+
+
+def _as_nobody(mnt: Path, fn) -> int:  # type: ignore[no-untyped-def]
+    """fn(root) in a child that dropped to nobody (everything imported already), `root` a path
+    to the mount's root that nobody can follow (the test's directories above it are root's,
+    mode 0700: /proc/self/fd of a descriptor opened before the drop); its errno, 0 if it
+    returned."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            root = Path(f"/proc/self/fd/{os.open(mnt, os.O_PATH)}")
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            fn(root)
+        except OSError as e:
+            code = e.errno or 255
+        except BaseException:  # noqa: BLE001
+            code = 254
+        os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _must(through_socket: bool) -> None:
+    if not through_socket:
+        raise OSError(errno.ENOTSUP, "written through FUSE, not the put socket")
+
+
+def test_only_who_may_open_the_file_for_writing_can_put(store_path: Path, tmp_path: Path) -> None:
+    with mounted(store_path, tmp_path / "m", "--allow-other") as mnt:
+        os.chmod(mnt, 0o755)
+        (mnt / "roots").write_bytes(b"root's")
+        os.chmod(mnt / "roots", 0o644)
+        (mnt / "open").write_bytes(b"anyone's")
+        os.chmod(mnt / "open", 0o666)
+        assert _as_nobody(mnt, lambda root: put(root / "roots", lambda f: f.write(b"nobody was here"))) == errno.EACCES
+        assert _as_nobody(mnt, lambda root: put(root / "new", lambda f: f.write(b"x"))) == errno.EACCES  # no write on /
+        assert _as_nobody(mnt, lambda root: _must(put(root / "open", lambda f: f.write(b"nobody's")))) == 0
+        assert (mnt / "roots").read_bytes() == b"root's"
+        assert (mnt / "open").read_bytes() == b"nobody's"
+        assert not (mnt / "new").exists()
+
+
+def test_a_put_into_a_full_store_fails_and_keeps_the_last_version(tmp_path: Path) -> None:
+    with small_fs(tmp_path / "dev", "32m") as dev:
+        store = dev / "store"
+        Store.init(store, segment_size=4 << 20)
+        with mounted(store, tmp_path / "m") as mnt:
+            first = os.urandom(1 << 20)
+            assert put(mnt / "f", lambda f: f.write(first))
+            filler = fill(dev)
+            with pytest.raises(PutRefused) as e:
+                put(mnt / "f", lambda f: f.write(os.urandom(12 << 20)))
+            assert e.value.errno == errno.ENOSPC, e.value
+            assert (mnt / "f").read_bytes() == first
+            filler.unlink()
+            second = os.urandom(6 << 20)
+            assert put(mnt / "f", lambda f: f.write(second))  # space again: the same file takes a put
+            assert (mnt / "f").read_bytes() == second
+        assert_clean(store)
+
+
+def test_puts_to_one_file_at_once_each_commit_whole(store_path: Path, tmp_path: Path) -> None:
+    """Four threads put different bytes into one file at the same time: every put is one
+    whole version (no mix of two), and the file ends as one of them."""
+    import threading
+
+    datas = [bytes([i]) * (9 << 20) + os.urandom(1000) for i in range(4)]
+    with mounted(store_path, tmp_path / "m") as mnt:
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                assert put(mnt / "f", lambda f: f.write(datas[i]))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert (mnt / "f").read_bytes() in datas
+    with Store.open(store_path) as s:
+        ino = s.resolve("/f").ino
+        versions = [v for v in s.history(ino) if v.size]  # (the create's empty version aside)
+        assert len(versions) == 4
+        for v in versions:
+            assert s.read_file("/f", gen=v.birth_gen) in datas
