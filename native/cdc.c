@@ -69,6 +69,28 @@ void cdc_stream_copy(const cdc_stream *s, uint64_t at, uint64_t n, uint8_t *out)
 
 /* ---- one thread: pyfastcdc's loop, over pieces ---- */
 
+/* Where pyfastcdc's _cut_gear looks for a chunk's cut with `remaining` bytes left. */
+typedef struct {
+    uint64_t remaining;         /* the chunk's length if no position passes (at most max_size) */
+    uint64_t start_pos;         /* the first position hashed: min_size, even */
+    uint64_t mid_pos;           /* from here the looser mask: the normal size, even */
+    uint64_t end_pos;           /* the end of the scan, even */
+} chunk_bounds;
+
+/* 0 when the chunk is all the `remaining` bytes (no more than min_size), else 1 and *b. */
+static int bounds_of(const cdc_params *cp, uint64_t remaining, chunk_bounds *b)
+{
+    if (remaining <= cp->min_size)
+        return 0;
+    uint64_t center = cp->avg_size;
+    if (remaining > cp->max_size)
+        remaining = cp->max_size;
+    else if (remaining < center)
+        center = remaining;
+    *b = (chunk_bounds){remaining, cp->min_size / 2 * 2, center / 2 * 2, remaining / 2 * 2};
+    return 1;
+}
+
 typedef struct {
     size_t piece;
     uint64_t off;
@@ -137,14 +159,11 @@ static inline int64_t gear_scan(const cdc_params *cp, const uint8_t *p, uint64_t
  * _cut_gear): each chunk's first min_size bytes are not hashed. */
 static uint64_t cut_one(const cdc_params *cp, const cdc_stream *s, cursor at, uint64_t remaining)
 {
-    if (remaining <= cp->min_size)
+    chunk_bounds b;
+    if (!bounds_of(cp, remaining, &b))
         return remaining;
-    uint64_t center = cp->avg_size;
-    if (remaining > cp->max_size)
-        remaining = cp->max_size;
-    else if (remaining < center)
-        center = remaining;
-    uint64_t start_pos = cp->min_size / 2 * 2, mid_pos = center / 2 * 2, end_pos = remaining / 2 * 2;
+    remaining = b.remaining;
+    uint64_t start_pos = b.start_pos, mid_pos = b.mid_pos, end_pos = b.end_pos;
     uint64_t hash = 0;
     cursor c = at;
     cursor_skip(s, &c, start_pos);
@@ -336,15 +355,10 @@ static uint64_t next_mark(const uint64_t *bm, uint64_t from, uint64_t to)
 /* The length of the chunk at stream offset `pos` (pyfastcdc's _cut_gear). */
 static uint64_t select_one(const cdc_params *cp, const cdc_stream *s, const mark_job *marks, uint64_t pos)
 {
-    uint64_t remaining = s->total - pos;
-    if (remaining <= cp->min_size)
-        return remaining;
-    uint64_t center = cp->avg_size;
-    if (remaining > cp->max_size)
-        remaining = cp->max_size;
-    else if (remaining < center)
-        center = remaining;
-    uint64_t start_pos = cp->min_size / 2 * 2, mid_pos = center / 2 * 2, end_pos = remaining / 2 * 2;
+    chunk_bounds b;
+    if (!bounds_of(cp, s->total - pos, &b))
+        return s->total - pos;
+    uint64_t remaining = b.remaining, start_pos = b.start_pos, mid_pos = b.mid_pos, end_pos = b.end_pos;
     /* the first positions after start_pos, exactly: their hash has fewer than 64 bytes */
     uint64_t exact_end = start_pos + WINDOW < end_pos ? start_pos + WINDOW : end_pos;
     if (start_pos < exact_end) {

@@ -129,6 +129,20 @@ static int threads_for(int asked, uint64_t bytes)
     return (uint64_t)asked > most ? (int)most : asked;
 }
 
+/* The first of chunks [a, n) whose start is at or after `at` (n if none). */
+static int64_t first_from(const uint64_t *starts, int64_t a, int64_t n, uint64_t at)
+{
+    int64_t b = n;
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (starts[m] < at)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
 /* Chunks [first, end) of `starts` (their stream offsets, and the end at [n]) split into
  * `parts` runs of about equal bytes: the run of part `part`. */
 static void chunk_run(const uint64_t *starts, int64_t n, int part, int parts, int64_t *first, int64_t *end)
@@ -136,25 +150,8 @@ static void chunk_run(const uint64_t *starts, int64_t n, int part, int parts, in
     uint64_t total = starts[n] - starts[0];
     uint64_t lo = starts[0] + total * (uint64_t)part / (uint64_t)parts;
     uint64_t hi = starts[0] + total * (uint64_t)(part + 1) / (uint64_t)parts;
-    int64_t a = 0, b = n;
-    while (a < b) { /* the first chunk starting at or after lo */
-        int64_t m = a + (b - a) / 2;
-        if (starts[m] < lo)
-            a = m + 1;
-        else
-            b = m;
-    }
-    *first = a;
-    b = n;
-    int64_t c = a;
-    while (c < b) { /* the first chunk starting at or after hi */
-        int64_t m = c + (b - c) / 2;
-        if (starts[m] < hi)
-            c = m + 1;
-        else
-            b = m;
-    }
-    *end = part == parts - 1 ? n : c;
+    *first = first_from(starts, 0, n, lo);
+    *end = part == parts - 1 ? n : first_from(starts, *first, n, hi);
 }
 
 /* ---- cuts and ids ---- */
