@@ -68,3 +68,22 @@ def test_sessions_write_the_same_on_many_threads_as_on_one(tmp_path) -> None:
             extents.append(chunks)
             assert s.fsck().clean
     assert extents[0] == extents[1]
+
+
+def test_a_borrowed_view_is_kept_and_an_unborrowed_one_copied(store: Store) -> None:
+    """WriteSession.write(borrow=True) keeps the caller's read-only view (the put socket's
+    memfd pages: no copy); without it the bytes are copied, so changing the caller's buffer
+    afterwards changes nothing."""
+    data = bytearray(os.urandom(3 << 20))
+    ino = store.create(ROOT_INO, b"b").ino
+    with store.open_session(ino) as w:
+        view = memoryview(bytes(data))
+        w.write(0, view, borrow=True)
+        assert w.pending[-1] is view
+        mutable = memoryview(data)
+        w.write(len(view), mutable)
+        assert w.pending[-1] is not mutable
+        data[:] = bytes(len(data))  # the caller reuses its buffer
+        w.commit()
+    with store.open_reader(ino) as r:
+        assert bytes(r.read(0, 6 << 20)) == bytes(view) * 2

@@ -24,31 +24,11 @@ from cowfs.errors import NoSpace
 from cowfs.store import ROOT_INO, Store
 
 from tests.support.mountutil import cowfs, daemon_pid, mounted, small_fs
-from tests.support.storeutil import assert_clean, data
+from tests.support.storeutil import assert_clean, data, fill, free_bytes
 
 pytestmark = pytest.mark.mount
 
 SEGMENT = 4 << 20
-
-
-def fill(dev: Path, leave: int = 0) -> Path:
-    """Fill the device with a filler file until at most `leave` bytes are free."""
-    filler = dev / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        while free_bytes(dev) > leave:
-            n = min(64 << 10, free_bytes(dev) - leave)
-            os.write(fd, b"\xa5" * max(n, 4096))
-    except OSError as e:
-        assert e.errno == errno.ENOSPC, e
-    finally:
-        os.close(fd)
-    return filler
-
-
-def free_bytes(dev: Path) -> int:
-    st = os.statvfs(dev)
-    return st.f_bavail * st.f_frsize
 
 
 # -- the engine on a full device -------------------------------------------------------

@@ -21,8 +21,7 @@ from cowfs.protocol import put_socket_name
 from cowfs.store import Store
 from tests.support.mountutil import cowfs as cowfs_cli
 from tests.support.mountutil import mounted, small_fs
-from tests.support.storeutil import assert_clean
-from tests.mount.test_fulldisk import fill
+from tests.support.storeutil import assert_clean, fill
 
 NOBODY = 65534
 

@@ -1,6 +1,8 @@
 """Helpers shared by engine tests: make stores on either device, and fsck them."""
 from __future__ import annotations
 
+import errno
+import os
 import random
 from pathlib import Path
 
@@ -33,3 +35,23 @@ def store_with_history(path: Path, size: int) -> Path:
         s.snapshot_create("one")
         s.write_file("/run/model.pt", data(size, 2))
     return path
+
+
+def fill(dev: Path, leave: int = 0) -> Path:
+    """Fill the device with a filler file until at most `leave` bytes are free."""
+    filler = dev / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while free_bytes(dev) > leave:
+            n = min(64 << 10, free_bytes(dev) - leave)
+            os.write(fd, b"\xa5" * max(n, 4096))
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+    return filler
+
+
+def free_bytes(dev: Path) -> int:
+    st = os.statvfs(dev)
+    return st.f_bavail * st.f_frsize
