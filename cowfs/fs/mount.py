@@ -30,6 +30,7 @@ from ..store import Store
 from ..store.log.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
+from .heap import keep_freed_memory
 from .put_server import serve_put
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
@@ -184,25 +185,11 @@ def _hint_pipe_size() -> None:
                  "`sysctl fs.pipe-max-size=%d` makes them cheaper (docs/benchmarks.md)", size, SPLICE_PIPE)
 
 
-# glibc's malloc (mallopt's parameters): requests of up to MALLOC_MMAP_THRESHOLD come from the heap,
-# and up to MALLOC_TRIM_THRESHOLD of free memory at its top stays there
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MALLOC_MMAP_THRESHOLD = 32 << 20
-MALLOC_TRIM_THRESHOLD = 128 << 20
-
-
-def _keep_buffers_mapped() -> None:
-    """The daemon allocates and frees a batch's worth of 1 MiB WRITE buffers (pyfuse3's bytes)
-    every 8 MiB. With glibc's adaptive thresholds the heap top is given back to the kernel
-    after each batch and faulted in again by the next: 145,000 page faults per GiB written,
-    against 16,500 with these fixed thresholds (docs/benchmarks.md, issue 33). A C library
-    without mallopt is left as it is."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
-    mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+# a store's daemon: 1 MiB WRITE buffers freed a batch (8 MiB) at a time stay mapped; page
+# faults per GiB written 145,000 with glibc's adaptive thresholds, 16,500 with these
+# (docs/benchmarks.md, issue 33; tests/engine/test_malloc_thresholds.py)
+HEAP_BELOW = 32 << 20
+KEEP_FREED = 128 << 20
 
 
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
@@ -213,7 +200,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
-    _keep_buffers_mapped()
+    keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
     try:
         _setup_logging(store.root, foreground, debug)

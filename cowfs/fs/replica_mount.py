@@ -11,7 +11,6 @@ requests that would change the store fail with EROFS too (the replica raises Rea
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
 from ..store.catalog.db import Catalog
 from ..store.catalog.events import SNAPSHOT, Event
+from .heap import keep_freed_memory
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
@@ -127,28 +127,18 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd
         nursery.cancel_scope.cancel()
 
 
-# glibc's malloc options (mallopt(3)): M_TRIM_THRESHOLD and M_MMAP_THRESHOLD
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-KEEP_FREED = 512 << 20  # bytes of freed memory a malloc heap keeps before giving it back
-HEAP_BELOW = 64 << 20  # allocations smaller than this come from the heaps, not a mmap of their own
-
-
-def keep_freed_memory() -> None:
-    """Let the fetch threads reuse memory: each fetched 4 MiB block is a new `bytes` the
-    socket's bytes are received into; by default glibc gives such memory back to the kernel
-    when it is freed (a heap trimmed, or a mmap of its own unmapped), so every block costs
-    fresh pages (page faults and zeroing: 8% of a consumer's CPU in perf). Kept, cold reads
-    through a consumer ran about 10% faster, for about 50 MiB more resident memory
-    (docs/benchmarks.md, remote tier, thirteenth round)."""
-    libc = ctypes.CDLL(None)
-    libc.mallopt(_M_MMAP_THRESHOLD, HEAP_BELOW)
-    libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED)
+# a consumer's daemon: each fetched 4 MiB block is a new `bytes`; with its freed memory kept,
+# cold reads through a consumer ran about 10% faster (page faults and zeroing had been 8% of
+# its CPU), for about 50 MiB more resident memory (docs/benchmarks.md, remote tier,
+# thirteenth round)
+KEEP_FREED = 512 << 20
+HEAP_BELOW = 64 << 20
 
 
 def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, mountpoint: Path, *,
                        foreground: bool, allow_other: bool, cache_size: int, ready_fd: int | None = None,
                        debug: bool = False) -> int:
-    keep_freed_memory()
+    keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     cache.mkdir(parents=True, exist_ok=True)
     lock_fd = take_lock(cache, "cache")
     try:

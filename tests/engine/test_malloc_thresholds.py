@@ -1,4 +1,5 @@
-"""The daemon fixes glibc's malloc thresholds (fs/mount.py `_keep_buffers_mapped`): 1 MiB
+"""The store's daemon fixes glibc's malloc thresholds (fs/heap.py `keep_freed_memory` with
+fs/mount.py's HEAP_BELOW and KEEP_FREED): 1 MiB
 WRITE-sized buffers allocated and freed a batch at a time stay mapped instead of being given
 back to the kernel and faulted in again. Measured in a child process, with and without."""
 from __future__ import annotations
@@ -9,8 +10,9 @@ import sys
 CHILD = r"""
 import resource, sys
 if sys.argv[1] == "fixed":
-    from cowfs.fs.mount import _keep_buffers_mapped
-    _keep_buffers_mapped()
+    from cowfs.fs.heap import keep_freed_memory
+    from cowfs.fs.mount import HEAP_BELOW, KEEP_FREED
+    keep_freed_memory(HEAP_BELOW, KEEP_FREED)
 def batch():
     bufs = [bytearray(1 << 20) for _ in range(8)]  # a batch of 1 MiB WRITE buffers, touched
     for b in bufs:
