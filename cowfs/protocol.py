@@ -16,13 +16,16 @@ from typing import Any
 SOCKET_NAME = "daemon.sock"
 
 
-def put_socket_name(st_dev: int) -> str:
+def bulk_socket_name(st_dev: int) -> str:
     """The abstract unix socket on which the daemon of the cowfs mount whose files have device
-    `st_dev` takes puts (fs/put_server.py, plugins/put.py): a file's bytes in a sealed memfd,
-    no FUSE requests. Wire format: one message, a JSON line {"op": "put", "size": N} with two
-    descriptors (SCM_RIGHTS): the file, opened for writing through the mount, then the memfd;
-    one JSON line back, as on the control socket."""
-    return f"\0cowfs-put-{os.major(st_dev)}:{os.minor(st_dev)}"
+    `st_dev` moves files' bytes without FUSE requests (fs/bulk_server.py, plugins/bulk.py).
+    Wire format: one message per connection, a JSON line with descriptors (SCM_RIGHTS), and
+    one JSON line back, as on the control socket:
+      {"op": "put", "size": N} with the file (opened for writing through the mount) and a
+        sealed memfd of N bytes: they become the file's new version;
+      {"op": "get"} with the file (opened for reading through the mount): the reply
+        {"ok": true, "result": {"size": N, ...}} carries a sealed memfd of its N bytes."""
+    return f"\0cowfs-bulk-{os.major(st_dev)}:{os.minor(st_dev)}"
 
 
 def encode(value: Any) -> Any:

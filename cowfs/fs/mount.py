@@ -31,7 +31,7 @@ from ..store.log.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
 from .heap import keep_freed_memory
-from .put_server import serve_put
+from .bulk_server import serve_bulk
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
 from .operations import CowfsOperations
@@ -122,7 +122,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         nursery.start_soon(on_signals)
         if snapshot_on == SNAPSHOT_ON_CHECKPOINT:  # subscribed before the mount is reported live
             await nursery.start(checkpoint_snapshots, quiet)
-        await nursery.start(serve_put, ops, mountpoint)
+        await nursery.start(serve_bulk, ops, mountpoint)
         await go_live(nursery, ops, mountpoint, ready_fd)
         if auto_snapshot_every:
             nursery.start_soon(auto_snapshot, quiet, auto_snapshot_every)

@@ -281,7 +281,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         # that cache and reads the committed version from the log.
         pending = view.live and self.handles.session(ino) is not None
         try:
-            reader, attr = await in_thread(self._committed_version, view, ino)
+            reader, attr = await in_thread(self.committed_version, view, ino)
         except CorruptData as e:
             self.corrupt_log.report(view, ino, e, "open")
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -289,7 +289,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         f.attr = attr
         return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=not view.live)
 
-    def _committed_version(self, view: View, ino: int) -> tuple[FileReader, Attr]:
+    def committed_version(self, view: View, ino: int) -> tuple[FileReader, Attr]:
         """A reader on the version an open gets, and its attributes (in a worker thread). A live
         inode that a rename or an unlink removed after the kernel looked it up (its dentry still
         names it for a moment) opens as on any POSIX file system: with the version it had."""

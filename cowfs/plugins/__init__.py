@@ -1,4 +1,6 @@
-"""What frameworks call instead of writing through FUSE (issue 34): `put` hands a file's bytes
-to the mount's daemon in a sealed memfd (put.py); `torch_io` saves and loads torch objects
-with it. torch is imported only by torch_io, and only when it is called; the daemon never
-imports this package."""
+"""What frameworks call instead of FUSE for files' bytes (issue 34; docs/design.md section 18):
+`put` and `get` move a file's bytes to and from the mount's daemon in sealed memfds over its
+bulk socket (`bulk`); `background` commits puts in a background thread; `torch_io`,
+`dcp_storage` and `lightning_io` are the plug-ins for torch.save, torch.distributed.checkpoint
+and Lightning. torch and lightning are imported only by those three, and only when used; the
+daemon never imports this package."""

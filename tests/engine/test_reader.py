@@ -239,3 +239,41 @@ def test_a_window_recycled_under_a_planned_read_is_read_again(store):
             r._windows[0] = f
         assert f.result().recycled
         assert r.read(100, 4096) == body[100:4196]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 150_000, SIZE])
+def test_read_into_gives_the_whole_version(store, size):
+    """read_into: spans of about WINDOW bytes from chunk starts, loaded on the read-ahead pool at
+    once, straight into the destination (a zeroed buffer, as a fresh memfd is)."""
+    ino, body = _file(store, size=size, seed=size)
+    with store.open_reader(ino) as r:
+        dest = bytearray(size)
+        r.read_into(memoryview(dest))
+        assert bytes(dest) == body
+        with pytest.raises(ValueError):
+            r.read_into(memoryview(bytearray(size + 1)))
+
+
+def test_read_into_a_sparse_file(store):
+    f = store.write_file("/sparse", data(100_000, 3))
+    with store.open_session(f.ino) as w:
+        w.truncate(2_000_000)
+        w.write(1_500_000, b"tail")
+        w.commit()
+    with store.open_reader(f.ino) as r:
+        dest = bytearray(r.size)
+        r.read_into(memoryview(dest))
+        assert bytes(dest) == bytes(r.read(0, r.size))
+
+
+def test_read_into_a_damaged_version_raises_and_names_it(store_path):
+    with Store.open(store_path) as s:
+        ino, _body = _file(s)
+        _v_off, _v_len, seg, rec = _chunk_rows(s, ino)[-3]
+    _flip(segment_path(store_path, seg), rec + 64 + 100)
+    with Store.open(store_path) as s:
+        with s.open_reader(ino) as r:
+            with pytest.raises(CorruptData) as e:
+                r.read_into(memoryview(bytearray(r.size)))
+            assert e.value.ino == ino and e.value.__traceback__ is not None
+        s.fsck(repair=True)

@@ -17,7 +17,7 @@ import torch
 
 import cowfs
 from cowfs.plugins.put import PutRefused, put
-from cowfs.protocol import put_socket_name
+from cowfs.protocol import bulk_socket_name
 from cowfs.store import Store
 from tests.support.mountutil import cowfs as cowfs_cli
 from tests.support.mountutil import mounted, small_fs
@@ -65,7 +65,7 @@ def test_save_outside_a_cowfs_mount_writes_the_file(tmp_path: Path) -> None:
 def _raw_put(mnt: Path, fds: list[int], header: bytes) -> dict:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with sock:
-        sock.connect(put_socket_name(os.stat(mnt).st_dev))
+        sock.connect(bulk_socket_name(os.stat(mnt).st_dev))
         socket.send_fds(sock, [header], fds)
         return json.loads(sock.recv(65536).split(b"\n")[0])
 
@@ -96,7 +96,12 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
                 ([w, r], header, errno.EINVAL, "holds 6 bytes"),  # a file of this mount as the memfd: no hang
                 ([w, sealed], json.dumps({"op": "put", "size": 5}).encode() + b"\n", errno.EINVAL, "holds 100000"),
                 ([w, sealed], b"{not json\n", errno.EINVAL, "JSON"),
-                ([w, sealed], b'{"op": "get"}\n', errno.EINVAL, "malformed put"),
+                ([w, sealed], b'{"op": "list"}\n', errno.EINVAL, "op is one of ['get', 'put']"),
+                ([w, sealed], b'{"op": ["put"]}\n', errno.EINVAL, "op is one of"),
+                ([w, sealed], b'[1, 2]\n', errno.EINVAL, "JSON object"),
+                ([w, sealed], b'{"op": "put", "size": true}\n', errno.EINVAL, "malformed put"),
+                ([w], b'{"op": "get"}\n', errno.EBADF, "not open for reading"),
+                ([r, sealed], b'{"op": "get"}\n', errno.EINVAL, "1 descriptor"),
             ]
             for fds, head, code, words in cases:
                 reply = _raw_put(mnt, fds, head)

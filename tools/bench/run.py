@@ -12,7 +12,8 @@ daemon's CPU per thread; tools/bench/datapath.py), remote (issue 17: the remote 
 a Ceph RGW started on 127.0.0.1; tools/bench/remote.py, also `make bench-remote`), scaling
 (issue 33: 1 to 16 streams of writes and cold reads, torch.save and torch.load, through one mount
 against a plain directory, with the daemon's CPU per GiB; --tmpfs for RAM-backed figures;
-tools/bench/scaling.py). `--only
+tools/bench/scaling.py), plugins (issue 34: background cowfs.save, cowfs.load, cowfs.dcp against
+torch.save, torch.load and DCP's FileSystemWriter/Reader on the disk; tools/bench/plugins.py). `--only
 compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
 targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
@@ -39,6 +40,8 @@ import torch
 from . import compactreport, datapathreport, extras, report, scalingreport
 from .compaction import run_compaction
 from .datapath import run_datapath
+from .plugins import report as plugins_report
+from .plugins import run_plugins
 from .docs import COMPACTION, DATAPATH, DOCS, REPO, update_docs
 from .models import GPT2_SMALL, QUICK, GPT, param_count
 from .scaling import run_scaling
@@ -46,7 +49,7 @@ from .series import run_series
 from .workloads import WORKLOADS, Scale
 
 
-PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote", "scaling")
+PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote", "scaling", "plugins")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="GPT-2 small (~124M parameters) instead of the quick model")
     p.add_argument("--dir", default="/var/tmp", help="parent of the temporary work directory (stores and baselines; default /var/tmp)")
     p.add_argument("--out", default=str(REPO / "bench-results"), help="where the JSON, Markdown and PNG go")
+    p.add_argument("--plugins-mib", type=int, default=256, help="MiB per save in the plugins part (default 256)")
+    p.add_argument("--plugins-reps", type=int, default=3, help="reps of the plugins part (default 3)")
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run, of: {', '.join(PARTS)} (default all)")
     p.add_argument("--workloads", default=None, help=f"comma-separated subset of: {', '.join(WORKLOADS)} "
                    f"(default all; with --only compaction alone: {', '.join(compactreport.T4_WORKLOADS)})")
@@ -195,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"scaling (issue 33): {scaling_opts.streams} streams of {scaling_opts.mib_per_stream} MiB, torch "
                 f"{scaling_opts.torch_gib:g} GiB, {scaling_opts.reps} rep(s)" + (" on a tmpfs" if scaling_opts.tmpfs else ""))
             results["scaling"] = run_scaling(work / "scaling", scaling_opts, log)
+        if "plugins" in parts:
+            log(f"plug-ins (issue 34): {args.plugins_mib} MiB, {args.plugins_reps} reps")
+            try:
+                results["plugins"] = run_plugins(work / "plugins", args.plugins_mib, args.plugins_reps, log)
+            finally:
+                shutil.rmtree(work / "plugins", ignore_errors=True)
+            print(plugins_report(results["plugins"]), flush=True)
         if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:

@@ -175,6 +175,39 @@ class FileReader:
         with self._lock:
             return self._plan(offset, end, None)
 
+    def read_into(self, dest: memoryview) -> None:
+        """The whole version into `dest` (`size` bytes, zero-filled: a fresh memfd's pages), each
+        chunk checked as every read is: spans of about WINDOW bytes that begin at chunk starts,
+        read straight into their place by the read-ahead pool's threads at once. A damaged
+        chunk raises CorruptData, after every span has finished with `dest`."""
+        if len(dest) != self.size:
+            raise ValueError(f"read_into needs {self.size} bytes, not {len(dest)}")
+        starts = [e.offset for e in self.extents if e.chunk is not None]  # where a span may begin
+        spans: list[tuple[int, int]] = []
+        lo = starts[0] if starts else self.size
+        for at in starts:
+            if at - lo >= WINDOW:
+                spans.append((lo, at))
+                lo = at
+        if lo < self.size:
+            spans.append((lo, self.size))
+
+        def load(span: tuple[int, int]) -> None:
+            lo, hi = span
+            read_window(self.extents, self._starts, self.size, self._read_run, self._check, lo, hi,
+                        lambda n: dest[lo:lo + n], self._decode)  # type: ignore[arg-type, return-value]
+
+        with self._named_errors():
+            if self._prefetch is None or len(spans) < 2:
+                for span in spans:
+                    load(span)
+                return
+            futures = [self._prefetch(load, span) for span in spans]
+            errors = [f.exception() for f in futures]  # (waits for all: none writes to dest after)
+            for e in errors:
+                if e is not None:
+                    raise e.with_traceback(None)  # (its frames hold views of dest)
+
     # -- windows ------------------------------------------------------------------------
 
     def _plan(self, offset: int, end: int, mine: list[tuple[int, Future[Window]]] | None) -> list[Future[Window]] | None:

@@ -1,0 +1,97 @@
+"""Saves whose commit follows in the background (issue 34, Checkflow's snapshot-then-offload):
+the caller waits only for its bytes to be copied into a memfd (host memory); one thread per
+process then hands the sealed memfds to the daemon, in the order they were saved, and each
+save's future reports its commit (or its error).
+
+Memory is bounded: a save starts only while the saves still in flight hold less than
+`limit` bytes, so at most `limit` plus one save's bytes wait in memory. A crash before a
+commit loses that save only: the daemon commits a put whole or not at all.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import BinaryIO, Callable
+
+from .put import fill_memfd, put_memfd
+
+DEFAULT_LIMIT_SHARE = 4  # by default the saves in flight hold at most 1/4 of the memory
+
+
+def _memory_total() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class BackgroundPuts:
+    """Puts committed by a background thread, in order, with a bound on the bytes in flight."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit if limit is not None else _memory_total() // DEFAULT_LIMIT_SHARE
+        self._cond = threading.Condition()
+        self._in_flight = 0  # bytes of the memfds not yet committed
+        self._pending: set[Future[bool]] = set()
+        self._failed: list[BaseException] = []  # errors of finished saves that `wait` has not raised yet
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="cowfs-save")
+
+    def submit(self, path: str | os.PathLike, fill: Callable[[BinaryIO], None], mode: int = 0o666) -> "Future[bool]":
+        """Copy what `fill` writes into a memfd now, and commit it as `path`'s new version in
+        the background. The future's result is what `put` returns; its exception, why the
+        save was not committed (the file then keeps its last version). The file is opened (the
+        kernel's permission checks) when the background thread commits it."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._in_flight < self.limit or self._in_flight == 0)
+        memfd = fill_memfd(fill)
+        size = os.fstat(memfd).st_size
+        with self._cond:
+            self._in_flight += size
+        future = self._executor.submit(self._commit, path, memfd, mode, size)
+        with self._cond:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _commit(self, path: str | os.PathLike, memfd: int, mode: int, size: int) -> bool:
+        try:
+            return put_memfd(path, memfd, mode)
+        finally:
+            os.close(memfd)
+            with self._cond:
+                self._in_flight -= size
+                self._cond.notify_all()
+
+    def _forget(self, future: "Future[bool]") -> None:
+        with self._cond:
+            self._pending.discard(future)
+            error = None if future.cancelled() else future.exception()
+            if error is not None:
+                self._failed.append(error)
+
+    def wait(self) -> None:
+        """Wait until every save submitted so far has finished; then raise the error of the
+        first one that failed since the last `wait` (later failures until then are dropped:
+        their futures hold them)."""
+        with self._cond:
+            pending = list(self._pending)
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - kept in _failed by _forget, raised below in order
+                pass
+        with self._cond:
+            failed, self._failed = self._failed, []
+        if failed:
+            raise failed[0]
+
+
+_saves: BackgroundPuts | None = None
+_saves_lock = threading.Lock()
+
+
+def background_puts() -> BackgroundPuts:
+    """The process's background saves (made on first use)."""
+    global _saves
+    with _saves_lock:
+        if _saves is None:
+            _saves = BackgroundPuts()
+        return _saves

@@ -1,0 +1,120 @@
+"""Gets (issue 34): a file's committed bytes handed over by the daemon in a sealed memfd, with
+no FUSE READs (cowfs/fs/get_op.py, cowfs/plugins/get.py): the bytes a read through the mount
+gives, for live files, snapshots and compacted (delta-coded) versions; a damaged chunk gives
+EIO and is logged; the kernel's open checks guard it."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+import cowfs
+from cowfs.plugins.get import open_read
+from cowfs.store import Store
+from cowfs.store.log.layout import segment_path
+from tests.mount.test_compact_mount import write_checkpoints
+from tests.mount.test_put import NOBODY, _as_nobody
+from tests.support.mountutil import cowfs as cowfs_cli
+from tests.support.mountutil import mounted, new_store
+from tools.harnessutil import sha_file
+
+pytestmark = pytest.mark.mount
+
+
+def _via_get(path: Path) -> bytes:
+    with open_read(path) as f:
+        st = os.fstat(f.fileno())
+        assert not stat.S_ISREG(st.st_mode) or st.st_dev != os.stat(path).st_dev, "read through the mount"
+        seals = fcntl.fcntl(f.fileno(), fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_WRITE and seals & fcntl.F_SEAL_SHRINK
+        return f.read()
+
+
+def test_get_gives_what_a_read_gives(store_path: Path, tmp_path: Path) -> None:
+    big = os.urandom(21 << 20) + bytes(3 << 20) + os.urandom(12345)  # several spans, zeros, a ragged end
+    with mounted(store_path, tmp_path / "m") as mnt:
+        (mnt / "big").write_bytes(big)
+        (mnt / "empty").write_bytes(b"")
+        (mnt / "small").write_bytes(b"abc")
+        with open(mnt / "sparse", "wb") as f:
+            f.truncate(9 << 20)
+            f.seek(5 << 20)
+            f.write(b"x" * 100_000)
+        assert _via_get(mnt / "big") == big
+        assert _via_get(mnt / "empty") == b""
+        assert _via_get(mnt / "small") == b"abc"
+        assert _via_get(mnt / "sparse") == (mnt / "sparse").read_bytes()
+        cowfs_cli("snapshot", "create", str(mnt), "s1")
+        (mnt / "small").write_bytes(b"changed")
+        assert _via_get(mnt / ".snapshots" / "s1" / "small") == b"abc"
+        # a writer's uncommitted bytes: a get, like an open for reading, gives the committed version
+        with open(mnt / "small", "r+b") as w:
+            w.write(b"UNCOMMITTED")
+            w.flush()
+            assert _via_get(mnt / "small") == b"changed"
+        assert _via_get(mnt / "small") == b"UNCOMMITTED"
+        state = {"w": torch.randn(300, 300), "step": 3}
+        cowfs.save(state, mnt / "s.pt")
+        for kwargs in ({}, {"mmap": True}):  # mmap: torch maps the memfd itself
+            back = cowfs.load(mnt / "s.pt", weights_only=True, **kwargs)
+            assert torch.equal(back["w"], state["w"]) and back["step"] == 3
+
+
+def test_get_of_compacted_versions(store_path: Path, tmp_path: Path) -> None:
+    with mounted(store_path, tmp_path / "m") as mnt:
+        shas = write_checkpoints(mnt, 4)
+        cowfs_cli("compact", str(mnt))
+        stats = cowfs_cli("stats", "--json", str(mnt)).stdout
+        assert b'"uncompacted_bodies": 0' in stats
+        for path, (sha, _size) in shas.items():
+            with open_read(path) as f:
+                assert hashlib.sha256(f.read()).hexdigest() == sha, path
+            assert sha_file(path)[0] == sha
+
+
+def test_get_of_a_damaged_chunk_is_eio(tmp_path: Path) -> None:
+    store_path = new_store(tmp_path / "store", segment_size=16 << 20)  # (damaged: not the fsck'ed fixture)
+    data = os.urandom(6 << 20)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        (mnt / "f").write_bytes(data)
+        (mnt / "ok").write_bytes(b"fine")
+    with Store.open(store_path) as s:
+        with s.open_reader(s.resolve("/f").ino) as r:
+            e = r.extents[len(r.extents) // 2]
+    with open(segment_path(store_path, e.loc.seg_id), "r+b") as seg:
+        at = e.loc.offset + 64 + e.length // 2
+        seg.seek(at)
+        old = seg.read(1)
+        seg.seek(at)
+        seg.write(bytes([old[0] ^ 0xFF]))
+    with mounted(store_path, tmp_path / "m") as mnt:
+        with pytest.raises(OSError) as err:
+            _via_get(mnt / "f")
+        assert err.value.errno == errno.EIO and "damaged" in str(err.value)
+        assert _via_get(mnt / "ok") == b"fine"
+        with open(mnt / "f", "rb") as f:  # a read through the mount far from the damage still works
+            assert f.read(4096) == data[:4096]
+    assert "corrupt data: /f" in (store_path / "cowfs.log").read_text()
+    assert b"/f" in cowfs_cli("fsck", str(store_path), check=False).stdout
+
+
+def test_get_needs_a_readable_open(store_path: Path, tmp_path: Path) -> None:
+    with mounted(store_path, tmp_path / "m", "--allow-other") as mnt:
+        os.chmod(mnt, 0o755)
+        (mnt / "private").write_bytes(b"secret")
+        os.chmod(mnt / "private", 0o600)
+
+        def read_private(root: Path) -> None:
+            if _via_get(root / "private") != b"secret":
+                raise OSError(errno.EBADMSG, "wrong bytes")
+
+        assert NOBODY != os.getuid()
+        assert _as_nobody(mnt, read_private) == errno.EACCES  # the kernel refuses the open
+        os.chmod(mnt / "private", 0o644)
+        assert _as_nobody(mnt, read_private) == 0
