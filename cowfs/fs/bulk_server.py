@@ -1,9 +1,9 @@
 """The bulk socket: files' bytes in memfds, beside FUSE (issue 34; docs/design.md section 18).
 
 An abstract unix socket named after the mount's device (`protocol.bulk_socket_name`) takes
-one request per connection: a JSON line with descriptors (SCM_RIGHTS), the first always the
-file, opened by the client through this mount (the kernel's open checks are the permission
-checks). A put (put_op.py) commits a sealed memfd's bytes as the file's new version; a get
+one request per connection: a JSON line with descriptors (SCM_RIGHTS), naming the file by
+the number of the client's descriptor of it, opened through this mount (the kernel's open
+checks are the permission checks; bulk_target.py reads it from the client's fdinfo). A put (put_op.py) commits a sealed memfd's bytes as the file's new version; a get
 (get_op.py) answers with a sealed memfd of the file's bytes. Every failure is one JSON reply
 {"ok": false, "error", "errno"} and changes nothing.
 """
@@ -23,6 +23,7 @@ import trio
 from ..errors import CowfsError
 from ..mountinfo import mount_device
 from ..protocol import bulk_socket_name
+from .bulk_messages import close_all, receive
 from .get_op import get
 from .put_op import put
 
@@ -30,51 +31,32 @@ if TYPE_CHECKING:
     from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.bulk")
-HEADER_MAX = 4096
-FDS_MAX = 3  # more than any request sends: a request with too many is refused, not truncated
 
-Op = Callable[["CowfsOperations", int, dict[str, Any], list[int]], Awaitable[tuple[dict[str, Any], list[int]]]]
+# op(ops, header, descriptors, connection) -> (result, descriptors to send back)
+Op = Callable[["CowfsOperations", dict[str, Any], list[int], trio.socket.SocketType],
+              Awaitable[tuple[dict[str, Any], list[int]]]]
 OPS: dict[str, Op] = {"put": put, "get": get}
 
 
-def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds = array.array("i")
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    return list(fds)
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-async def _answer(ops: "CowfsOperations", dev: int, conn: trio.socket.SocketType,
+async def _answer(ops: "CowfsOperations", conn: trio.socket.SocketType,
                   fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-    data, ancdata, flags, _ = await conn.recvmsg(HEADER_MAX, socket.CMSG_SPACE(FDS_MAX * array.array("i").itemsize))
-    fds.extend(_received_fds(ancdata))
-    if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
-        raise CowfsError(f"a request is one JSON line of at most {HEADER_MAX} bytes, with at most 2 descriptors",
-                         errno=errno.EINVAL)
-    try:
-        header = json.loads(data.split(b"\n", 1)[0])
-    except ValueError:
-        raise CowfsError("malformed request: not a JSON line", errno=errno.EINVAL) from None
-    name = header.get("op") if isinstance(header, dict) else None
+    header = await receive(conn, fds)
+    if header is None:
+        raise CowfsError("no request", errno=errno.EINVAL)
+    name = header.get("op")
     op = OPS.get(name) if isinstance(name, str) else None
     if op is None:
         raise CowfsError(f"malformed request: want a JSON object whose op is one of {sorted(OPS)}", errno=errno.EINVAL)
-    result, out_fds = await op(ops, dev, header, fds)
+    result, out_fds = await op(ops, header, fds, conn)
     return {"ok": True, "result": result}, out_fds
 
 
-async def _serve_one(ops: "CowfsOperations", dev: int, conn: trio.socket.SocketType) -> None:
+async def _serve_one(ops: "CowfsOperations", conn: trio.socket.SocketType) -> None:
     fds: list[int] = []
     out_fds: list[int] = []
     with conn:
         try:
-            reply, out_fds = await _answer(ops, dev, conn, fds)
+            reply, out_fds = await _answer(ops, conn, fds)
         except CowfsError as e:
             reply = {"ok": False, "error": str(e), "errno": e.errno}
         except OSError as e:
@@ -85,7 +67,7 @@ async def _serve_one(ops: "CowfsOperations", dev: int, conn: trio.socket.SocketT
         finally:
             # a worker thread: closing a descriptor of a file of this mount sends a FLUSH, which
             # this very thread serves (a put's commit is done: that FLUSH finds nothing to commit)
-            await trio.to_thread.run_sync(_close_all, fds)
+            await trio.to_thread.run_sync(close_all, fds)
         out = json.dumps(reply).encode() + b"\n"
         try:
             if out_fds:
@@ -96,7 +78,7 @@ async def _serve_one(ops: "CowfsOperations", dev: int, conn: trio.socket.SocketT
         except OSError:
             pass  # the client went away: a put is committed or not, as the reply would have said
         finally:
-            _close_all(out_fds)  # (memfds: no FUSE request)
+            close_all(out_fds)  # (memfds: no FUSE request)
 
 
 async def serve_bulk(ops: "CowfsOperations", mountpoint: Path, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -119,4 +101,4 @@ async def serve_bulk(ops: "CowfsOperations", mountpoint: Path, task_status: Any 
         async with trio.open_nursery() as nursery:
             while True:
                 conn, _ = await sock.accept()
-                nursery.start_soon(_serve_one, ops, dev, conn)
+                nursery.start_soon(_serve_one, ops, conn)

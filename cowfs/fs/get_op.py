@@ -70,19 +70,21 @@ def _read_into_memfd(reader: "FileReader", memfd: int, size: int) -> None:
         raise failure
 
 
-async def get(ops: "CowfsOperations", dev: int, header: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-    """{"op": "get"} with [file]: the reply carries a sealed memfd of the file's bytes; its
-    result is their size and the version's id."""
-    if len(fds) != 1:
-        raise CowfsError(f"a get sends 1 descriptor (the file open for reading through the mount), not {len(fds)}",
-                         errno=errno.EINVAL)
-    st, view, ino = await target_file(ops, dev, fds[0], writing=False)
-    if st.st_size > memory_available() // 2:
-        raise CowfsError(f"the file's {st.st_size} bytes would take more than half of the memory available: read it "
-                         f"through the mount", errno=errno.ENOMEM)
+async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
+              conn: trio.socket.SocketType) -> tuple[dict[str, Any], list[int]]:
+    """{"op": "get", "fd": F} (F: the client's descriptor of the file, open for reading through
+    the mount): the reply carries a sealed memfd of the file's bytes; its result is their
+    size and the version's id."""
+    if fds:
+        raise CowfsError(f"a get sends no descriptor (it names the file open for reading through the mount by its "
+                         f"number: {{\"fd\": N}}), not {len(fds)}", errno=errno.EINVAL)
+    view, ino, _fuse_ino = await target_file(ops, conn, header, writing=False)
     try:
         reader, attr = await trio.to_thread.run_sync(ops.committed_version, view, ino)
         try:
+            if reader.size > memory_available() // 2:
+                raise CowfsError(f"the file's {reader.size} bytes would take more than half of the memory available: "
+                                 f"read it through the mount", errno=errno.ENOMEM)
             memfd = await trio.to_thread.run_sync(_fill_memfd, reader)
         finally:
             reader.close()

@@ -22,6 +22,9 @@ class SharedSession:
     # when a truncate through the session changed the file (the kernel leaves mtime and ctime
     # of a size change to the file system): stat shows it until the commit's own times
     truncated_ns: int | None = None
+    # held while a put (fs/put_op.py) writes into the session: a FLUSH, fsync, RELEASE or WRITE
+    # of the file waits for it, so no commit ever takes a put's parts before its last one
+    put_lock: trio.Lock = field(default_factory=trio.Lock)
 
 
 @dataclass

@@ -6,6 +6,9 @@ file was open, closing it or exec'ing) looks like the writer's own close. The
 writer's own close removes its descriptor before FLUSH is sent; a copy's close
 does not. So: if the process that opened the handle still holds a writable
 descriptor on this inode of this mount, the FLUSH came from elsewhere.
+
+`fd_info` reads one descriptor's flags, mount and inode the same way: the bulk socket names
+the client's file by descriptor number (fs/bulk_target.py).
 """
 from __future__ import annotations
 
@@ -47,3 +50,24 @@ def holds_writable(pid: int, mnt_id: int, ino: int) -> bool:
         if found and int(rest.split(b"\n", 1)[0], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
             return True
     return False
+
+
+def fd_info(pid: int, fd: int) -> tuple[int, int, int] | None:
+    """(flags, mount id, inode) of descriptor `fd` of process `pid`, from its fdinfo: read without
+    touching the file or its mount. None if it cannot be read (no such descriptor or process,
+    or not ours to read)."""
+    try:
+        h = os.open(f"/proc/{pid}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.read(h, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(h)
+    fields = dict(line.split(b":\t", 1) for line in info.split(b"\n") if b":\t" in line)
+    try:
+        return int(fields[b"flags"], 8), int(fields[b"mnt_id"]), int(fields[b"ino"])
+    except (KeyError, ValueError):
+        return None

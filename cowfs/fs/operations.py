@@ -27,7 +27,7 @@ from ..store.data.session import WriteSession
 from .attrs import entry_of, snapdir_entry
 from .corrupt_log import CorruptLog
 from .dispatch import in_thread, translate_errors, wait_future
-from .handles import HandleTable, OpenFile
+from .handles import HandleTable, OpenFile, SharedSession
 from .openers import holds_writable
 from .views import LIVE_VIEW, SNAPDIR_INO, SNAPDIR_NAME, View, ViewTable
 from .xattr_ops import XattrOperations
@@ -44,6 +44,13 @@ def _commit_unless_held(session: WriteSession, held: tuple[int, int, int] | None
     return session.commit()
 
 
+
+
+async def _after_put(shared: SharedSession | None) -> None:
+    """Wait until no put writes into the session (fs/put_op.py)."""
+    if shared is not None and shared.put_lock.locked():
+        async with shared.put_lock:
+            pass
 
 
 class CowfsOperations(XattrOperations, pyfuse3.Operations):
@@ -119,6 +126,8 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         ino = self._live(inode)
         if fields.update_size:
+            shared = self.handles.sessions.get(ino)
+            await _after_put(shared)
             shared = self.handles.sessions.get(ino)
             if shared is not None:
                 shared.session.truncate(attr.st_size)
@@ -262,6 +271,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         f.attr = self.store.getattr(ino)
         f.opener_pid = pid
         if truncate:
+            await _after_put(f.shared)
             f.shared.session.truncate(0)  # type: ignore[union-attr]
         return f
 
@@ -363,6 +373,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         if f.shared.error is not None:
             raise pyfuse3.FUSEError(f.shared.error)
+        await _after_put(f.shared)
         session = f.shared.session
         while (batch := session.batch_to_wait_for(off, len(buf))) is not None:
             await wait_future(batch)  # this thread serves every file: it never blocks on one file's batch
@@ -404,7 +415,13 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
 
     async def _commit(self, f: OpenFile, unless_held: bool = False) -> None:
         """Commit the handle's session. `unless_held` (a FLUSH): not if its opener still holds
-        the file open for writing (checked in the same worker hop as the commit)."""
+        the file open for writing (checked in the same worker hop as the commit). After any
+        put in progress on the file (a put commits or drops its own bytes whole); a FLUSH
+        does not wait for it: a client killed between the parts of its put closes the file
+        before its socket, and its exit waits for that FLUSH."""
+        if unless_held and f.shared is not None and f.shared.put_lock.locked():
+            return
+        await _after_put(f.shared)
         if f.shared is None or not f.shared.session.dirty:
             if f.lazy_seq:  # created here and closed with nothing written: the create is durable now
                 await in_thread(self.store.catalog.make_durable, f.lazy_seq)
@@ -458,6 +475,9 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     async def commit_all(self) -> None:
         """Commit every open write session (unmount, SIGTERM)."""
         for shared in list(self.handles.sessions.values()):
+            if shared.put_lock.locked():  # a put's parts so far: never committed without its last
+                log.warning("inode %d: a put was in progress at shutdown; it is dropped", shared.session.ino)
+                continue
             if shared.session.dirty and shared.error is None:
                 try:
                     await in_thread(shared.session.commit)

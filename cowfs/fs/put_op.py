@@ -1,14 +1,19 @@
-"""A put (fs/bulk_server.py): a file's new bytes handed over in a sealed memfd and committed
-as its new version without FUSE requests (issue 34; docs/design.md section 18).
+"""A put (fs/bulk_server.py): a file's new bytes handed over in sealed memfds and committed as
+its new version without FUSE requests (issue 34; docs/design.md section 18).
 
 A client (`cowfs.plugins.put`) opens the file through the mount for writing, so the kernel
-has made every check an open makes (permissions, a read-only snapshot: EROFS), writes the
-bytes into a memfd and seals it against writes and shrinking, and sends both descriptors.
-The file's write session (the one the client's open made) takes the memfd's pages as one
-stream, read-only views of a read-only mapping passed to the native batches without a copy
-in Python, and commits: durable when the reply goes out. Versions, dedup, snapshots and
-uploads follow from that commit as from a save through the mount. A failure aborts the
-session's uncommitted changes: the file keeps its last committed version.
+has made every check an open makes (permissions, a read-only snapshot: EROFS), and names
+that descriptor in its request (bulk_target.py). The bytes come in parts, each a memfd
+sealed against writes and shrinking, sent as soon as it is full: the file's write session
+(the one the client's open made) takes each part's pages as they come, read-only views of
+a read-only mapping passed to the native batches without a copy in Python, so the daemon
+cuts, hashes and writes one part while the client makes the next. After the last part it
+commits: durable when the reply goes out. Versions, dedup, snapshots and uploads follow
+from that commit as from a save through the mount. While a put runs, the session's
+`put_lock` is held: a FLUSH does not commit (the put commits its bytes whole, or drops
+them), and fsync, RELEASE, WRITE and truncation wait for it. A failure, or a client gone
+before its last part, aborts the session's uncommitted changes: the file keeps its last
+committed version.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import pyfuse3
 import trio
 
 from ..errors import CowfsError
+from .bulk_messages import receive
 from .bulk_target import target_file
 
 if TYPE_CHECKING:
@@ -33,36 +39,52 @@ if TYPE_CHECKING:
 PUT_PIECE = 1 << 20  # bytes per session write: the pieces a batch is cut over, as FUSE WRITEs are
 SEALS_NEEDED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE
 
-_put_locks: dict[int, trio.Lock] = {}  # store inode -> the lock of the puts to it (trio thread only)
+class _PartsWriter:
+    """(worker threads, one call at a time) Parts of the new bytes, each a sealed memfd, written
+    in order into the session as read-only views of their mappings (no copy in Python: the
+    native batches cut, hash and stage straight from the pages). The mappings stay until
+    `close`, after the commit or abort: the session may hold views of them till then."""
 
-
-def _commit_bytes(session: "WriteSession", memfd: int, size: int) -> "Attr":
-    """(worker thread) The memfd's bytes as the session's whole view, committed."""
-    # MAP_POPULATE: the pages mapped in one go, not faulted in one by one by the gear loop
-    mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) if size else None
-    view = memoryview(mapping) if mapping is not None else memoryview(b"")
-    try:
+    def __init__(self, session: "WriteSession") -> None:
+        self.session = session
+        self.size = 0
+        self._mappings: list[mmap.mmap] = []
+        self._views: list[memoryview] = []
         session.truncate(0)
+
+    def write(self, memfd: int, size: int) -> None:
+        if not size:
+            return
+        # MAP_POPULATE: the pages mapped in one go, not faulted in one by one by the gear loop
+        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+        self._mappings.append(mapping)
+        view = memoryview(mapping)
+        self._views.append(view)
         for off in range(0, size, PUT_PIECE):
-            session.write(off, view[off:off + PUT_PIECE], borrow=True)
-        attr = session.commit()
-    except BaseException:
-        session.abort()
-        raise
-    finally:
-        view.release()
-        if mapping is not None:
+            self.session.write(self.size + off, view[off:off + PUT_PIECE], borrow=True)
+        self.size += size
+
+    def commit(self) -> "Attr":
+        attr = self.session.commit()
+        if attr is None:
+            raise CowfsError("the file was removed while its bytes were being put", errno=errno.ENOENT)
+        return attr
+
+    def close(self) -> None:
+        for view in self._views:
+            view.release()
+        for mapping in self._mappings:
             try:
                 mapping.close()
             except BufferError:  # a view still held somewhere: the mapping goes with it
                 pass
-    if attr is None:
-        raise CowfsError("the file was removed while its bytes were being put", errno=errno.ENOENT)
-    return attr
+        self._views, self._mappings = [], []
 
 
 async def _sealed_size(memfd: int, size: int) -> None:
-    mst = await trio.to_thread.run_sync(os.fstat, memfd)  # (whatever the peer sent: maybe a file of this mount)
+    if not os.readlink(f"/proc/self/fd/{memfd}").startswith("/memfd:"):  # (no request to any file system)
+        raise CowfsError("the bytes must come in a memfd", errno=errno.EINVAL)
+    mst = os.fstat(memfd)
     if not stat.S_ISREG(mst.st_mode) or mst.st_size != size:
         raise CowfsError(f"the memfd holds {mst.st_size} bytes, the put says {size}", errno=errno.EINVAL)
     try:
@@ -74,35 +96,73 @@ async def _sealed_size(memfd: int, size: int) -> None:
                          errno=errno.EPERM)
 
 
-async def put(ops: "CowfsOperations", dev: int, header: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-    """{"op": "put", "size": N} with [file, memfd]: the memfd's bytes committed as the file's
-    new version; the reply's result is its size and version id."""
+def _part_size(header: dict[str, Any]) -> int:
     size = header.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise CowfsError('malformed put: want {"op": "put", "size": N}', errno=errno.EINVAL)
-    if len(fds) != 2:
-        raise CowfsError(f"a put sends 2 descriptors (the file open for writing through the mount, then a sealed "
-                         f"memfd), not {len(fds)}", errno=errno.EINVAL)
-    target, memfd = fds
-    st, _view, ino = await target_file(ops, dev, target, writing=True)
+        raise CowfsError('malformed put: want {"op": "put", "size": N}, then {"size": N, "more": ...} per part',
+                         errno=errno.EINVAL)
+    return size
+
+
+async def _parts(conn: trio.socket.SocketType, header: dict[str, Any], memfd: int, fds: list[int],
+                 writer: _PartsWriter) -> None:
+    """Write the first part (`memfd`) and every part after it while the header says more come."""
+    while True:
+        size = _part_size(header)
+        await _sealed_size(memfd, size)
+        await trio.to_thread.run_sync(writer.write, memfd, size)
+        if not header.get("more"):
+            return
+        part_fds: list[int] = []
+        try:
+            nxt = await receive(conn, part_fds)
+        finally:
+            fds.extend(part_fds)  # (closed with the rest, by the server)
+        if nxt is None:
+            raise CowfsError("the client went away before its last part: nothing committed", errno=errno.EPIPE)
+        if len(part_fds) != 1:
+            raise CowfsError(f"a part sends 1 descriptor (a sealed memfd), not {len(part_fds)}", errno=errno.EINVAL)
+        header, memfd = nxt, part_fds[0]
+
+
+async def put(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
+              conn: trio.socket.SocketType) -> tuple[dict[str, Any], list[int]]:
+    """{"op": "put", "fd": F, "size": N} with [memfd] (F: the client's descriptor of the file,
+    open for writing through the mount): the memfd's bytes committed as the file's new
+    version. With "more": true, further parts follow on the connection, {"size": N,
+    "more": ...} with [memfd] each, until one says no more: the session takes each part as it
+    comes, so the bytes are cut, hashed and written while the client still makes the next;
+    the commit follows the last. The reply's result is the version's size and id."""
+    _part_size(header)
+    if len(fds) != 1:
+        raise CowfsError(f"a put sends 1 descriptor (a sealed memfd), not {len(fds)}, and names the file open for "
+                         f"writing through the mount by its number: {{\"fd\": N}}", errno=errno.EINVAL)
+    memfd = fds[0]
+    _view, ino, fuse_ino = await target_file(ops, conn, header, writing=True)
     shared = ops.handles.sessions.get(ino)
     if shared is None:
         raise CowfsError("the file has no open write session", errno=errno.EBADF)
     if shared.error is not None:
         raise CowfsError("an earlier write to this file failed; close it and open it again", errno=shared.error)
-    await _sealed_size(memfd, size)
-    lock = _put_locks.setdefault(ino, trio.Lock())  # two puts to one file: one after the other
-    try:
-        async with lock:
-            attr = await trio.to_thread.run_sync(_commit_bytes, shared.session, memfd, size)
-    finally:
-        if not lock.locked() and not lock.statistics().tasks_waiting:
-            _put_locks.pop(ino, None)
+    # two puts to one file run one after the other; FLUSH, fsync, RELEASE and WRITE wait too
+    async with shared.put_lock:
+        writer: _PartsWriter | None = None
+        try:
+            writer = await trio.to_thread.run_sync(_PartsWriter, shared.session)
+            await _parts(conn, header, memfd, fds, writer)
+            attr = await trio.to_thread.run_sync(writer.commit)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shared.session.abort)
+            raise
+        finally:
+            if writer is not None:
+                writer.close()
     for fh in shared.handles:
         f = ops.handles.files[fh]
         f.attr, f.lazy_seq = attr, 0  # a durable commit: it covers the file's create too
     try:  # the kernel's cached pages and size of the file are those of the version before
-        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, st.st_ino)
+        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, fuse_ino)
     except OSError:
         pass
     return {"size": attr.size, "vid": attr.vid}, []

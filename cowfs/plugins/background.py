@@ -1,7 +1,8 @@
 """Saves whose commit follows in the background (issue 34, Checkflow's snapshot-then-offload):
-the caller waits only for its bytes to be copied into a memfd (host memory); one thread per
-process then hands the sealed memfds to the daemon, in the order they were saved, and each
-save's future reports its commit (or its error).
+the caller waits only for its bytes to be copied into memfds (host memory), which go to the
+daemon part by part as they fill (put.py), so the daemon works on them meanwhile; one thread
+per process then waits for the commits, in the order the saves were made, and each save's
+future reports its commit (or its error).
 
 Memory is bounded: a save starts only while the saves still in flight hold less than
 `limit` bytes, so at most `limit` plus one save's bytes wait in memory. A crash before a
@@ -14,7 +15,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
-from .put import fill_memfd, put_memfd
+from .put import PutStream, write_all
 
 DEFAULT_LIMIT_SHARE = 4  # by default the saves in flight hold at most 1/4 of the memory
 
@@ -37,25 +38,29 @@ class BackgroundPuts:
     def submit(self, path: str | os.PathLike, fill: Callable[[BinaryIO], None], mode: int = 0o666) -> "Future[bool]":
         """Copy what `fill` writes into a memfd now, and commit it as `path`'s new version in
         the background. The future's result is what `put` returns; its exception, why the
-        save was not committed (the file then keeps its last version). The file is opened (the
-        kernel's permission checks) when the background thread commits it."""
+        save was not committed (the file then keeps its last version)."""
         with self._cond:
             self._cond.wait_for(lambda: self._in_flight < self.limit or self._in_flight == 0)
-        memfd = fill_memfd(fill)
-        size = os.fstat(memfd).st_size
+        stream = PutStream(path, mode)
+        write_all(stream, fill)
+        try:
+            stream.send_last()
+        except BaseException:
+            stream.abort()
+            raise
+        size = stream.tell()
         with self._cond:
             self._in_flight += size
-        future = self._executor.submit(self._commit, path, memfd, mode, size)
+        future = self._executor.submit(self._commit, stream, size)
         with self._cond:
             self._pending.add(future)
         future.add_done_callback(self._forget)
         return future
 
-    def _commit(self, path: str | os.PathLike, memfd: int, mode: int, size: int) -> bool:
+    def _commit(self, stream: PutStream, size: int) -> bool:
         try:
-            return put_memfd(path, memfd, mode)
+            return stream.wait()
         finally:
-            os.close(memfd)
             with self._cond:
                 self._in_flight -= size
                 self._cond.notify_all()

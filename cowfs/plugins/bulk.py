@@ -25,9 +25,23 @@ class BulkRefused(OSError):
     """The daemon refused or failed the request; nothing changed."""
 
 
+def _same_pid_namespace(pid: int) -> bool:
+    """Whether process `pid` (as this process sees it) is in this process's pid namespace: its
+    NSpid line (world-readable) then holds one pid, not one per nested namespace."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) == 2
+    except OSError:
+        pass
+    return False
+
+
 def daemon_socket(fd: int) -> socket.socket | None:
-    """A connection to the bulk socket of the cowfs mount holding `fd`, or None (not cowfs, or
-    no bulk socket)."""
+    """A connection to the bulk socket of the cowfs mount holding `fd`, or None: not cowfs, no
+    bulk socket, or a daemon that could not read this process's descriptors in /proc (another
+    pid namespace, or another user than root or ours), so the bytes go through the mount."""
     dev = os.fstat(fd).st_dev
     owner = cowfs_mount_owner(dev)
     if owner is None:
@@ -35,10 +49,13 @@ def daemon_socket(fd: int) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.connect(bulk_socket_name(dev))
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != owner:
             raise BulkRefused(errno.EACCES, f"the bulk socket of this mount belongs to uid {uid}, not to the mount's "
                               f"owner {owner}")
+        if pid <= 0 or not _same_pid_namespace(pid) or uid not in (0, os.geteuid()):
+            sock.close()
+            return None
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         return None
@@ -48,10 +65,14 @@ def daemon_socket(fd: int) -> socket.socket | None:
     return sock
 
 
-def request(sock: socket.socket, header: dict[str, Any], fds: list[int], what: str) -> tuple[dict[str, Any], list[int]]:
-    """Send one request and return its reply's result and the descriptors that came with it
-    (the caller closes them); raise BulkRefused naming `what` if the daemon refused."""
+def send(sock: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
+    """One message: a JSON line with descriptors."""
     socket.send_fds(sock, [json.dumps(header).encode() + b"\n"], fds)
+
+
+def receive_reply(sock: socket.socket, what: str) -> tuple[dict[str, Any], list[int]]:
+    """The reply's result and the descriptors that came with it (the caller closes them);
+    raise BulkRefused naming `what` if the daemon refused."""
     buf = b""
     got: list[int] = []
     try:
@@ -73,3 +94,9 @@ def request(sock: socket.socket, header: dict[str, Any], fds: list[int], what: s
         for fd in got:
             os.close(fd)
         raise
+
+
+def request(sock: socket.socket, header: dict[str, Any], fds: list[int], what: str) -> tuple[dict[str, Any], list[int]]:
+    """Send one request and return its reply (receive_reply)."""
+    send(sock, header, fds)
+    return receive_reply(sock, what)

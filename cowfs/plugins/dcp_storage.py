@@ -10,7 +10,6 @@ a save that fails midway puts nothing for the file it was writing.
 """
 from __future__ import annotations
 
-import fcntl
 import io
 import os
 from contextlib import contextmanager
@@ -20,42 +19,44 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .get import open_read
-from .put import SEALS, put_memfd
+from .put import WRITE_BUFFER, PutStream
 
 
 class _PutStream(io.BufferedWriter):
-    """A file being written: its bytes go into a memfd, and `close` puts them (fileno() is the
-    memfd's: DCP's fsync of it is a no-op, the put is durable). The file itself is opened
-    only then: a rank killed while writing leaves nothing behind."""
+    """A file being written: its bytes go to the daemon in parts as they come (put.PutStream),
+    and `close` commits them (`fileno()` is the current part's memfd: DCP's fsync of it costs
+    nothing, the put is durable)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self._path = path
-        self._memfd = os.memfd_create("cowfs-dcp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        super().__init__(io.FileIO(self._memfd, "wb", closefd=False), 1 << 20)
+        self._put = PutStream(path)
+        self._ended = False
+        super().__init__(self._put, WRITE_BUFFER)
 
     def close(self) -> None:
-        if self.closed:
+        if self._ended:
             return
+        self._ended = True
         try:
-            super().close()
-            fcntl.fcntl(self._memfd, fcntl.F_ADD_SEALS, SEALS)
-            put_memfd(self._path, self._memfd)
+            self.flush()
+            self._put.finish()
+        except BaseException:
+            self._put.abort()
+            raise
         finally:
-            self._release()
+            self._let_go()
 
     def discard(self) -> None:
         """The save failed while writing this file: nothing is put."""
-        if not self.closed:
-            try:
-                io.BufferedWriter.close(self)  # (into the memfd, which is dropped)
-            except OSError:
-                pass
-        self._release()
+        if not self._ended:
+            self._ended = True
+            self._put.abort()
+            self._let_go()
 
-    def _release(self) -> None:
-        if self._memfd >= 0:
-            os.close(self._memfd)
-            self._memfd = -1
+    def _let_go(self) -> None:
+        try:
+            self.detach()  # (what is still buffered goes nowhere: the put is finished or dropped)
+        except ValueError:
+            pass
 
 
 class CowfsFileSystem(FileSystem):

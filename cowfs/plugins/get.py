@@ -2,7 +2,8 @@
 cowfs mount's daemon in a sealed memfd, without FUSE READs (fs/get_op.py).
 
 The file is opened for reading through the mount first, so the kernel checks permissions as
-for any open; the descriptor is the proof the daemon asks for. The daemon reads the version
+for any open; the descriptor, named by its number, is the proof the daemon asks for (it reads
+the descriptor's flags, mount and inode in this process's /proc fdinfo). The daemon reads the version
 that open gets, checks every chunk as every read is, and answers with a memfd of its bytes
 sealed against any change: the file object reads it, and `torch.load(..., mmap=True)` maps
 it (through /proc/self/fd). Where the path is not on a cowfs mount, its daemon takes no
@@ -32,7 +33,7 @@ def open_read(path: str | os.PathLike) -> BinaryIO:
         if sock is not None:
             with sock:
                 try:
-                    _result, fds = request(sock, {"op": "get"}, [fd], os.fspath(path))
+                    _result, fds = request(sock, {"op": "get", "fd": fd}, [], os.fspath(path))
                 except BulkRefused as e:
                     if e.errno != errno.ENOMEM:
                         raise

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cowfs.fs.openers import holds_writable
+from cowfs.fs.openers import fd_info, holds_writable
 
 
 def _mnt_id(fd: int) -> int:
@@ -59,3 +59,19 @@ def test_another_process_and_a_gone_one(tmp_path: Path) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_fd_info_reads_flags_mount_and_inode_without_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        info = fd_info(os.getpid(), fd)
+        assert info is not None
+        flags, mnt, ino = info
+        assert flags & os.O_ACCMODE == os.O_WRONLY and flags & os.O_APPEND
+        assert (mnt, ino) == (_mnt_id(fd), os.fstat(fd).st_ino)
+    finally:
+        os.close(fd)
+    assert fd_info(os.getpid(), fd) is None  # closed
+    assert fd_info(2**22 + 7, 0) is None  # no such process

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import cowfs
-from cowfs.plugins.put import PutRefused, put
+from cowfs.plugins.put import PutRefused, PutStream, put
 from cowfs.protocol import bulk_socket_name
 from cowfs.store import Store
 from tests.support.mountutil import cowfs as cowfs_cli
@@ -62,6 +62,28 @@ def test_save_outside_a_cowfs_mount_writes_the_file(tmp_path: Path) -> None:
     assert torch.equal(torch.load(tmp_path / "plain.pt")["x"], torch.arange(10))
 
 
+def test_a_put_in_parts_commits_what_one_part_commits(store_path: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(9 << 20) + bytes(1 << 20) + os.urandom(777)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        (mnt / "old").write_bytes(b"old bytes")
+        assert put(mnt / "whole.bin", lambda f: f.write(data)) is True
+        monkeypatch.setattr("cowfs.plugins.put.PART_BYTES", 1 << 20)  # 11 parts, each sent as it fills
+        assert put(mnt / "parts.bin", lambda f: [f.write(data[i:i + 100_000]) for i in range(0, len(data), 100_000)])
+        assert (mnt / "parts.bin").read_bytes() == data
+        # a writer killed between parts: the daemon drops what came, the file keeps its version
+        pid = os.fork()
+        if pid == 0:
+            stream = PutStream(mnt / "old", part_bytes=1 << 20)
+            stream.write(os.urandom(3 << 20))  # three parts sent, no last one
+            os.kill(os.getpid(), 9)
+        assert os.waitpid(pid, 0)[1] != 0
+        assert (mnt / "old").read_bytes() == b"old bytes"
+        assert put(mnt / "old", lambda f: f.write(b"new bytes"))  # the file takes a put again
+        assert (mnt / "old").read_bytes() == b"new bytes"
+    assert _chunks(store_path, "whole.bin") == _chunks(store_path, "parts.bin")
+
+
 def _raw_put(mnt: Path, fds: list[int], header: bytes) -> dict:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with sock:
@@ -82,34 +104,43 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
     with mounted(store_path, tmp_path / "m") as mnt:
         (mnt / "f").write_bytes(b"before")
         data = os.urandom(100_000)
-        header = json.dumps({"op": "put", "size": len(data)}).encode() + b"\n"
         w = os.open(mnt / "f", os.O_WRONLY)
         r = os.open(mnt / "f", os.O_RDONLY)
+        d = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
         other = os.open(tmp_path / "elsewhere", os.O_WRONLY | os.O_CREAT)
+
+        def line(**fields: object) -> bytes:
+            return json.dumps(fields).encode() + b"\n"
+
+        header = line(op="put", fd=w, size=len(data))
         sealed, unsealed = _memfd(data), _memfd(data, seal=False)
         try:
             cases = [
-                ([w, unsealed], header, errno.EPERM, "seal"),
-                ([r, sealed], header, errno.EBADF, "not open for writing"),
-                ([other, sealed], header, errno.EXDEV, "not a regular file of this cowfs mount"),
-                ([w], header, errno.EINVAL, "2 descriptors"),
-                ([w, r], header, errno.EINVAL, "holds 6 bytes"),  # a file of this mount as the memfd: no hang
-                ([w, sealed], json.dumps({"op": "put", "size": 5}).encode() + b"\n", errno.EINVAL, "holds 100000"),
-                ([w, sealed], b"{not json\n", errno.EINVAL, "JSON"),
-                ([w, sealed], b'{"op": "list"}\n', errno.EINVAL, "op is one of ['get', 'put']"),
-                ([w, sealed], b'{"op": ["put"]}\n', errno.EINVAL, "op is one of"),
-                ([w, sealed], b'[1, 2]\n', errno.EINVAL, "JSON object"),
-                ([w, sealed], b'{"op": "put", "size": true}\n', errno.EINVAL, "malformed put"),
-                ([w], b'{"op": "get"}\n', errno.EBADF, "not open for reading"),
-                ([r, sealed], b'{"op": "get"}\n', errno.EINVAL, "1 descriptor"),
+                ([unsealed], header, errno.EPERM, "seal"),
+                ([sealed], line(op="put", fd=r, size=len(data)), errno.EBADF, "not open for writing"),
+                ([sealed], line(op="put", fd=other, size=len(data)), errno.EXDEV, "not a file of this cowfs mount"),
+                ([sealed], line(op="put", fd=d, size=len(data)), errno.EBADF, "not open for writing"),
+                ([sealed], line(op="put", size=len(data)), errno.EINVAL, '{"fd": N}'),
+                ([sealed], line(op="put", fd=999_999, size=len(data)), errno.EBADF, "cannot be read from /proc"),
+                ([], header, errno.EINVAL, "1 descriptor"),
+                ([r], header, errno.EINVAL, "must come in a memfd"),  # a file of this mount as the memfd: no hang
+                ([sealed], line(op="put", fd=w, size=5), errno.EINVAL, "holds 100000"),
+                ([sealed], b"{not json\n", errno.EINVAL, "JSON"),
+                ([sealed], b'{"op": "list"}\n', errno.EINVAL, "op is one of ['get', 'put']"),
+                ([sealed], b'{"op": ["put"]}\n', errno.EINVAL, "op is one of"),
+                ([sealed], b'[1, 2]\n', errno.EINVAL, "JSON object"),
+                ([sealed], line(op="put", fd=w, size=True), errno.EINVAL, "malformed put"),
+                ([], line(op="get", fd=w), errno.EBADF, "not open for reading"),
+                ([], line(op="get", fd=d), errno.EXDEV, "not a regular file"),
+                ([sealed], line(op="get", fd=r), errno.EINVAL, "no descriptor"),
             ]
             for fds, head, code, words in cases:
                 reply = _raw_put(mnt, fds, head)
                 assert reply["ok"] is False and reply["errno"] == code and words in reply["error"], reply
             assert (mnt / "f").read_bytes() == b"before"
-            assert _raw_put(mnt, [w, sealed], header)["ok"] is True  # the same descriptors, done right
+            assert _raw_put(mnt, [sealed], header)["ok"] is True  # the same descriptors, done right
         finally:
-            for fd in (w, r, other, sealed, unsealed):
+            for fd in (w, r, d, other, sealed, unsealed):
                 os.close(fd)
         assert (mnt / "f").read_bytes() == data
         cowfs_cli("snapshot", "create", str(mnt), "s1")
@@ -171,6 +202,14 @@ def test_a_put_into_a_full_store_fails_and_keeps_the_last_version(tmp_path: Path
             with pytest.raises(PutRefused) as e:
                 put(mnt / "f", lambda f: f.write(os.urandom(12 << 20)))
             assert e.value.errno == errno.ENOSPC, e.value
+            assert (mnt / "f").read_bytes() == first
+            # a background save that the full store refuses: its future and wait_for_saves say so
+            future = cowfs.save({"w": torch.randn(3 << 20)}, mnt / "f", background=True)
+            with pytest.raises(PutRefused) as e:
+                future.result(timeout=120)
+            assert e.value.errno == errno.ENOSPC, e.value
+            with pytest.raises(PutRefused):
+                cowfs.wait_for_saves()
             assert (mnt / "f").read_bytes() == first
             filler.unlink()
             second = os.urandom(6 << 20)
