@@ -65,8 +65,8 @@ async def _serve_one(ops: "CowfsOperations", conn: trio.socket.SocketType) -> No
             log.exception("bulk request failed")
             reply = {"ok": False, "error": f"request failed: {e}", "errno": errno.EIO}
         finally:
-            # a worker thread: closing a descriptor of a file of this mount sends a FLUSH, which
-            # this very thread serves (a put's commit is done: that FLUSH finds nothing to commit)
+            # memfds; but a bad client may send a descriptor of a file of this mount where a memfd
+            # belongs, and its close sends a FLUSH that this very thread serves: a worker thread
             await trio.to_thread.run_sync(close_all, fds)
         out = json.dumps(reply).encode() + b"\n"
         try:

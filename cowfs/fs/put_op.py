@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 PUT_PIECE = 1 << 20  # bytes per session write: the pieces a batch is cut over, as FUSE WRITEs are
 SEALS_NEEDED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE
 
+
 class _PartsWriter:
     """(worker threads, one call at a time) Parts of the new bytes, each a sealed memfd, written
     in order into the session as read-only views of their mappings (no copy in Python: the
@@ -81,7 +82,7 @@ class _PartsWriter:
         self._views, self._mappings = [], []
 
 
-async def _sealed_size(memfd: int, size: int) -> None:
+def _sealed_size(memfd: int, size: int) -> None:
     if not os.readlink(f"/proc/self/fd/{memfd}").startswith("/memfd:"):  # (no request to any file system)
         raise CowfsError("the bytes must come in a memfd", errno=errno.EINVAL)
     mst = os.fstat(memfd)
@@ -109,7 +110,7 @@ async def _parts(conn: trio.socket.SocketType, header: dict[str, Any], memfd: in
     """Write the first part (`memfd`) and every part after it while the header says more come."""
     while True:
         size = _part_size(header)
-        await _sealed_size(memfd, size)
+        _sealed_size(memfd, size)
         await trio.to_thread.run_sync(writer.write, memfd, size)
         if not header.get("more"):
             return

@@ -36,9 +36,11 @@ class BackgroundPuts:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="cowfs-save")
 
     def submit(self, path: str | os.PathLike, fill: Callable[[BinaryIO], None], mode: int = 0o666) -> "Future[bool]":
-        """Copy what `fill` writes into a memfd now, and commit it as `path`'s new version in
-        the background. The future's result is what `put` returns; its exception, why the
-        save was not committed (the file then keeps its last version)."""
+        """Copy what `fill` writes into memfds now (each part sent to the daemon as it fills),
+        and commit it as `path`'s new version in the background. What the kernel refuses at
+        the file's open (EROFS, ENOENT, EACCES) is raised here. The future's result is what
+        `put` returns; its exception, why the save was not committed (the file then keeps
+        its last version)."""
         with self._cond:
             self._cond.wait_for(lambda: self._in_flight < self.limit or self._in_flight == 0)
         stream = PutStream(path, mode)

@@ -104,14 +104,20 @@ def test_cached_and_fetch_serve_without_waiting(store):
         assert r.read(1_000_000, 10) == body[1_000_000:1_000_010]
 
 
-def test_holes_read_as_zeros(store):
+def _sparse_file(store: Store) -> int:
+    """100,000 bytes, a hole to 1,500,000, b"tail", a hole to 2,000,000."""
     f = store.write_file("/sparse", data(100_000, 3))
     with store.open_session(f.ino) as w:
         w.truncate(2_000_000)
         w.write(1_500_000, b"tail")
         w.commit()
+    return f.ino
+
+
+def test_holes_read_as_zeros(store):
+    ino = _sparse_file(store)
     want = data(100_000, 3) + bytes(1_400_000) + b"tail" + bytes(500_000 - 4)
-    with store.open_reader(f.ino) as r:
+    with store.open_reader(ino) as r:
         assert bytes(r.read(0, r.size)) == want
         for off in range(0, r.size, 150_000):
             assert r.read(off, 150_000) == want[off:off + 150_000]
@@ -255,12 +261,7 @@ def test_read_into_gives_the_whole_version(store, size):
 
 
 def test_read_into_a_sparse_file(store):
-    f = store.write_file("/sparse", data(100_000, 3))
-    with store.open_session(f.ino) as w:
-        w.truncate(2_000_000)
-        w.write(1_500_000, b"tail")
-        w.commit()
-    with store.open_reader(f.ino) as r:
+    with store.open_reader(_sparse_file(store)) as r:
         dest = bytearray(r.size)
         r.read_into(memoryview(dest))
         assert bytes(dest) == bytes(r.read(0, r.size))

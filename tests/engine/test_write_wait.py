@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 import cowfs.store.data.session as session_mod
+from cowfs.fs.handles import SharedSession
 from cowfs.fs.operations import CowfsOperations
 from cowfs.store import ROOT_INO, Store
 
@@ -74,7 +75,7 @@ def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: 
         stuck = StuckBatches(s)
         s.write(0, body[:batch])
         assert stuck.started.wait(30)
-        ops.handles.files[7] = SimpleNamespace(shared=SimpleNamespace(session=s, error=None))  # type: ignore[assignment]
+        ops.handles.files[7] = SimpleNamespace(shared=SharedSession(s))  # type: ignore[assignment]
         seen: dict[str, bool] = {}
         fallback = threading.Timer(10, stuck.release.set)
         fallback.start()
