@@ -50,8 +50,12 @@ mount-helper: $(STAMP)
 	  $(VPY) -m cowfs.mount_helper --install || echo "mount(8) runs the /sbin/mount.fuse.cowfs that is there"; \
 	fi
 
+# two test processes (pytest-xdist): most tests wait on mounts, daemons and subprocesses, so
+# two keep both cores of a 2-core machine busy (22 min instead of 30 with two busy loops beside
+# them, docs/reliability.md); every test has its own tmp dirs, ports and mounts
+TEST_WORKERS ?= 2
 test: setup
-	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # native/ built with ASan and UBSan into build/sanitize (the package's Python beside it), then the
 # native unit tests against it: any leak-free memory error or undefined behaviour fails the run

@@ -3,7 +3,7 @@
 loopback, a state dict with each rank's own tensors and one shared, saved with cowfs.dcp's
 Writer (save, async_save) and with the stock FileSystemWriter, and loaded back with both
 readers, compared bitwise. MODE "save" saves and loads; "load" loads
-what "save" saved; "die" saves, rank 1 killing itself midway through its file."""
+what "save" saved (STEP and STEP + 1); "die" saves, rank 1 killing itself midway through its file."""
 from __future__ import annotations
 
 import datetime
@@ -71,7 +71,7 @@ def main() -> int:
     rank, world, rendezvous, mnt, step, mode = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]),
                                                 int(sys.argv[5]), sys.argv[6])
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=20 if mode == "die" else 300))
+                            timeout=datetime.timedelta(seconds=10 if mode == "die" else 300))
     try:
         state = state_for(rank, step)
         ckpt = mnt / "dcp" / f"step-{step}"
@@ -81,8 +81,9 @@ def main() -> int:
                 writer.fs = _DyingFileSystem()
             dcp.save(state, storage_writer=writer)
             return 3  # rank 0 must not get here: its peer died before the metadata
-        if mode == "load":
-            return 0 if loads(ckpt, state, rank) else 1
+        if mode == "load":  # what "save" saved: step and step + 1
+            later = state_for(rank, step + 1)
+            return 0 if loads(ckpt, state, rank) and loads(mnt / "dcp" / f"step-{step + 1}", later, rank) else 1
         dcp.save(state, storage_writer=cowfs.dcp.Writer(ckpt))
         dcp.save(state, storage_writer=dcp.FileSystemWriter(mnt / "dcp" / f"stock-{step}"))
         later = state_for(rank, step + 1)

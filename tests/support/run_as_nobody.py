@@ -43,11 +43,18 @@ def cowfs_command_as_nobody(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
+# what no command imports: the frameworks' plug-ins (they import torch and lightning, seconds
+# per start; a command that imported them after all would fail on the import guard)
+NOT_COMMANDS: tuple[str, ...] = ("cowfs.plugins", "cowfs.dcp", "cowfs.lightning")
+
+
 def import_package(name: str) -> None:
-    """`name` and every module and package under it."""
+    """`name` and every module and package under it, but NOT_COMMANDS."""
     package = importlib.import_module(name)
-    for info in pkgutil.walk_packages(package.__path__, f"{name}."):
-        if not info.name.endswith(".__main__"):
+    for info in pkgutil.walk_packages(package.__path__, f"{name}.",
+                                      onerror=lambda _name: None):
+        skip = any(info.name == n or info.name.startswith(n + ".") for n in NOT_COMMANDS)
+        if not info.name.endswith(".__main__") and not skip:
             importlib.import_module(info.name)
 
 
