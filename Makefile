@@ -15,7 +15,7 @@ TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NATIVE_SRC := $(wildcard native/*.c native/*.h native/*.map native/blake3/*.c native/blake3/*.h native/blake3/*.S)
 
-.PHONY: setup apt-deps mount-helper test sanitize demo bench bench-remote crashtest loadtest clean
+.PHONY: setup apt-deps mount-helper test sanitize demo bench bench-remote bench-union crashtest loadtest clean
 
 setup: $(STAMP) mount-helper
 
@@ -90,6 +90,10 @@ bench: $(BENCH_STAMP)
 # issue 17: the remote tier against a Ceph RGW it starts on 127.0.0.1 (docs/benchmarks.md, "Remote tier")
 bench-remote: $(BENCH_STAMP)
 	$(VPY) -m tools.bench.remote $(ARGS)
+
+# issue 35: a checkpoint written by 2, 4 and 8 producers, seen whole by an --all-stores consumer
+bench-union: $(BENCH_STAMP)
+	$(VPY) -m tools.bench.union $(ARGS)
 
 # kill -9 cycles through a real mount (tools/crashtest/); CI runs 20 of them in make test
 N ?= 100

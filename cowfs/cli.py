@@ -211,8 +211,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_mount(args: argparse.Namespace) -> int:
     if args.store.startswith("s3://"):
         return _mount_remote(args)
-    remote_only = [f for f, v in (("--cache", args.cache), ("--endpoint", args.endpoint), ("--store", args.store_uuid))
-                   if v is not None]
+    remote_only = [f for f, v in (("--cache", args.cache), ("--endpoint", args.endpoint), ("--store", args.store_uuid),
+                                  ("--all-stores", args.all_stores or None)) if v is not None]
     if remote_only:
         raise InvalidArgument(f"{remote_only[0]}: only for a remote mount (cowfs mount s3://BUCKET/PREFIX ...)")
     from .fs.mount import mount
@@ -229,12 +229,14 @@ def _mount_remote(args: argparse.Namespace) -> int:
                      if v is not None]
     if producer_only:
         raise InvalidArgument(f"{producer_only[0]}: not for a read-only remote mount")
+    if args.all_stores and args.store_uuid is not None:
+        raise InvalidArgument("--store and --all-stores: pick one store, or show them all")
     from .fs.replica_mount import mount_replica
 
     creds = None if args.credentials is None else os.path.abspath(args.credentials)
     return mount_replica(args.store, args.mountpoint, cache=args.cache, endpoint=args.endpoint, region=args.region,
                          credentials_file=creds, profile=args.profile, store_uuid=args.store_uuid,
-                         foreground=args.foreground, allow_other=args.allow_other,
+                         all_stores=args.all_stores, foreground=args.foreground, allow_other=args.allow_other,
                          cache_size=parse_size(args.cache_size), debug=args.debug)
 
 
@@ -306,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--credentials", metavar="FILE", help="an AWS credentials file (default: AWS_* variables)")
     r.add_argument("--profile", help="its section (default: default)")
     r.add_argument("--store", dest="store_uuid", metavar="UUID", help="the store to follow when several share the prefix")
+    r.add_argument("--all-stores", action="store_true",
+                   help="show the union of every store under the prefix (the nodes of one job), following stores "
+                   "as they appear; where two stores hold one path, the later commit wins (docs/design.md)")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

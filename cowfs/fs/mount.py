@@ -35,6 +35,7 @@ from .bulk_server import serve_bulk
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
 from .operations import CowfsOperations
+from .namespace_clock import follow_peer_clocks
 from .remote_uploads import upload_in_background
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
 
@@ -129,6 +130,7 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
         if compact_idle is not None:
             nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(upload_in_background, ops)
+        nursery.start_soon(follow_peer_clocks, ops)
         await pyfuse3.main()
         ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
         await ops.commit_all()

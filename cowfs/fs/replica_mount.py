@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import time
 from pathlib import Path
 
 import pyfuse3
@@ -23,33 +22,22 @@ import trio
 
 from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
-from ..remote.changes import Changes
-from ..remote.changes import events as watch_events
 from ..remote.config import RemoteConfig
 from ..remote.notices import NoticeListener
 from ..remote.replica import Replica
+from ..remote.merge import NAMESPACE_UUID
 from ..remote.source import ReplicaSource
+from ..remote.union_source import UnionSource
 from ..store.catalog.db import Catalog
-from ..store.catalog.events import SNAPSHOT, Event
 from .heap import keep_freed_memory
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
-from .views import LIVE_VIEW, ViewTable
+from .replica_changes import tell
+from .union_follow import follow_union
 
 log = logging.getLogger("cowfs.replica")
 DEFAULT_CACHE_SIZE = 10 << 30
-
-
-def events_between(replica: Replica, changes: Changes) -> list[Event]:
-    """The watch events of a move to a newer generation: the changed files' (remote/changes.py)
-    and the snapshots taken since."""
-    out = replica.catalog.read(lambda conn: watch_events(conn, changes))
-    now = time.time_ns()
-    for s in replica.snapshot_list():
-        if s.gen > changes.old and s.created_ns and s.gen <= changes.new:
-            out.append(Event(SNAPSHOT, changes.new, now, snapshot=s.name))
-    return out
 
 
 async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
@@ -82,15 +70,6 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
         await trio.to_thread.run_sync(listener.close)
 
 
-def _invalidate_inodes(inos: set[int]) -> None:
-    """(a worker thread: the call blocks in the kernel) Drop what the kernel caches of them."""
-    for ino in inos:
-        try:
-            pyfuse3.invalidate_inode(ViewTable.encode(LIVE_VIEW, ino))
-        except Exception:  # noqa: BLE001 - not cached: nothing to drop
-            pass
-
-
 async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str) -> None:
     """Fetch generation g, serve it, drop what the kernel caches of what changed since gen."""
     fetched = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
@@ -99,18 +78,13 @@ async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key:
         catalog = await trio.to_thread.run_sync(Catalog, fetched.path)
         for done in replica.use_catalog(catalog):
             await trio.to_thread.run_sync(done.close)
-    for parent, name in changes.entries:
-        pyfuse3.invalidate_entry_async(ViewTable.encode(LIVE_VIEW, parent), name, ignore_enoent=True)
-    await trio.to_thread.run_sync(_invalidate_inodes, changes.inos)  # one hop, however many
-    if replica.events.active:
-        events = await trio.to_thread.run_sync(events_between, replica, changes)
-        replica.events.publish(events)
+    await tell(replica, changes)
     log.info("generation %d applied (%d inodes, %d entries changed)", g, len(changes.inos), len(changes.entries))
     if fetched.new_file:
-        await trio.to_thread.run_sync(source.drop_catalogs, {fetched.path, *replica.catalog_paths()})
+        await trio.to_thread.run_sync(source.drop_catalogs, {fetched.path, *replica.catalog_paths()}, True)
 
 
-async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd: int | None,
+async def _serve(ops: CowfsOperations, source: ReplicaSource | UnionSource, gen: int, ready_fd: int | None,
                  mountpoint: Path) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
@@ -122,7 +96,10 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource, gen: int, ready_fd
 
         nursery.start_soon(on_signals)
         await go_live(nursery, ops, mountpoint, ready_fd)
-        nursery.start_soon(follow, ops, source, gen)
+        if isinstance(source, UnionSource):
+            nursery.start_soon(follow_union, ops, source)
+        else:
+            nursery.start_soon(follow, ops, source, gen)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -135,20 +112,43 @@ KEEP_FREED = 512 << 20
 HEAP_BELOW = 64 << 20
 
 
+def _open_source(cache: Path, cfg: RemoteConfig, store_uuid: str | None,
+                 all_stores: bool) -> tuple[ReplicaSource | UnionSource, Path, int]:
+    """The source to follow, the catalog file the replica serves and its generation (for
+    every store: the merged catalog of the stores listed now, each at its newest; stores
+    that appear later come in through follow_union)."""
+    if all_stores:
+        union = UnionSource(cache, cfg)
+        try:
+            union.catch_up()
+        except BaseException:
+            union.close()
+            raise
+        return union, union.path, union.merged.generation
+    source = ReplicaSource(cache, cfg, store_uuid)
+    try:
+        gen, key = source.newest()
+        path = source.fetch_catalog(gen, key).path
+        source.drop_catalogs({path}, every_store=True)  # nothing else is open yet: files of earlier generations go
+    except BaseException:
+        source.close()
+        raise
+    return source, path, gen
+
+
 def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, mountpoint: Path, *,
                        foreground: bool, allow_other: bool, cache_size: int, ready_fd: int | None = None,
-                       debug: bool = False) -> int:
+                       debug: bool = False, all_stores: bool = False) -> int:
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     cache.mkdir(parents=True, exist_ok=True)
     lock_fd = take_lock(cache, "cache")
     try:
         _setup_logging(cache, foreground, debug)
-        source = ReplicaSource(cache, cfg, store_uuid)
+        source, path, gen = _open_source(cache, cfg, store_uuid, all_stores)
         try:
-            gen, key = source.newest()
-            path = source.fetch_catalog(gen, key).path
-            source.drop_catalogs({path})  # nothing else is open yet: files of earlier generations go
-            config = StoreConfig(store_uuid=source.store_uuid, device="file", segment_size=DEFAULT_SEGMENT_SIZE)
+            what = "every store" if isinstance(source, UnionSource) else f"store {source.store_uuid}"
+            config = StoreConfig(store_uuid=NAMESPACE_UUID if isinstance(source, UnionSource) else source.store_uuid,
+                                 device="file", segment_size=DEFAULT_SEGMENT_SIZE)
             replica = Replica(cache, config, path, source, cache_size)
             try:
                 ops = CowfsOperations(replica)
@@ -157,8 +157,8 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
                 if allow_other:
                     options.add("allow_other")
                 pyfuse3.init(ops, str(mountpoint), options)
-                log.info("mounted %s (store %s, generation %d) on %s, read-only (pid %d)", cfg.url,
-                         source.store_uuid, gen, mountpoint, os.getpid())
+                log.info("mounted %s (%s, generation %d) on %s, read-only (pid %d)", cfg.url, what, gen, mountpoint,
+                         os.getpid())
                 try:
                     trio.run(_serve, ops, source, gen, ready_fd, mountpoint)
                 finally:
@@ -176,7 +176,8 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
 
 def mount_replica(url: str, mountpoint: str, *, cache: str | None, endpoint: str | None = None,
                   region: str | None = None, credentials_file: str | None = None, profile: str | None = None,
-                  store_uuid: str | None = None, foreground: bool = False, allow_other: bool = False,
+                  store_uuid: str | None = None, all_stores: bool = False, foreground: bool = False,
+                  allow_other: bool = False,
                   cache_size: int = DEFAULT_CACHE_SIZE, debug: bool = False) -> int:
     if cache is None:
         raise MountError(f"{url}: a remote mount needs --cache DIR (a local directory for its catalog and blocks)")
@@ -195,9 +196,11 @@ def mount_replica(url: str, mountpoint: str, *, cache: str | None, endpoint: str
 
     def run(ready_fd: int | None) -> object:
         return run_replica_daemon(cfg, store_uuid, cache_dir, mnt, foreground=ready_fd is None,
-                                  allow_other=allow_other, cache_size=cache_size, ready_fd=ready_fd, debug=debug)
+                                  allow_other=allow_other, cache_size=cache_size, ready_fd=ready_fd, debug=debug,
+                                  all_stores=all_stores)
 
-    return start_daemon(run, foreground, f"{url} on {mnt}, read-only, cache {cache_dir}")
+    what = ", every store" if all_stores else ""
+    return start_daemon(run, foreground, f"{url}{what} on {mnt}, read-only, cache {cache_dir}")
 
 
 __all__ = ["mount_replica", "run_replica_daemon", "LOG_FILE"]

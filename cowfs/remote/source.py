@@ -16,27 +16,25 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteError, StoreError
 from ..store.catalog.schema import SCHEMA_VERSION
-from ..store.log.log import Location, location
-from .bucket_look import indexed_packs, read_index
+from ..store.log.log import Location
 from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs
 from .changes import Changes, scan
 from .config import REMOTE_STATE_FILE, RemoteConfig
+from .consumer_bucket import ConsumerBucket
 from .deltas import apply_delta, parse_delta_name
-from .s3 import Bucket, MissingObject
-from .state import RemoteState
+from .s3 import MissingObject
 
 log = logging.getLogger("cowfs.replica")
 CATALOG_SUFFIX = ".db.zst"
 PACKS_USED = "replica_packs_used"  # in a cache's catalog file: the packs its chunk rows point at
 
 
-def _point(conn: sqlite3.Connection, which: str) -> None:
+def point_chunks(conn: sqlite3.Connection, which: str) -> None:
     """Point the chunk rows `which` selects at a pack holding them (remote.db ATTACHed as r):
     seg_id the pack's rowid, with the record's offset, lengths and codec; 0 if none does."""
     conn.execute(
@@ -65,25 +63,27 @@ class Fetched:
 
 
 class ReplicaSource:
-    def __init__(self, cache: Path, cfg: RemoteConfig, store_uuid: str | None) -> None:
+    """One followed store's catalog files in the cache. `shared`: the consumer's bucket and
+    remote.db when it follows several stores (namespace.py); else its own."""
+
+    def __init__(self, cache: Path, cfg: RemoteConfig, store_uuid: str | None,
+                 shared: ConsumerBucket | None = None) -> None:
         self.cache = cache
-        self.bucket = Bucket(cfg)
-        self.bucket.check()
-        cache.mkdir(parents=True, exist_ok=True)
-        self.state = RemoteState(cache / REMOTE_STATE_FILE, cfg.url)
-        if self.state.reset:  # the cache served another bucket: its catalogs name packs by old numbers
-            self.drop_catalogs(set())
-        self._lock = threading.Lock()  # remote.db is used by the sync thread and by readers
+        self.shared = shared or ConsumerBucket(cache, cfg)
+        self._owns_shared = shared is None
+        self.bucket = self.shared.bucket
+        if self._owns_shared and self.shared.reset:
+            self.drop_catalogs(set(), every_store=True)
         self.store_uuid = store_uuid or self._only_store()
 
     def _only_store(self) -> str:
-        prefix = self.bucket.key("stores", "")
-        uuids = sorted({o.key[len(prefix):].split("/", 1)[0] for o in self.bucket.list(prefix)})
+        uuids = self.shared.store_uuids()
         if not uuids:
-            raise RemoteError(f"{self.bucket.where}: no store has uploaded a catalog here yet")
+            raise RemoteError(f"{self.bucket.where}: no store has uploaded a catalog here yet (--all-stores "
+                              "follows the prefix's stores as they appear)")
         if len(uuids) > 1:
-            raise RemoteError(f"{self.bucket.where}: several stores share this prefix; pick one with --store "
-                              f"({', '.join(uuids)})")
+            raise RemoteError(f"{self.bucket.where}: several stores share this prefix; pick one with --store, or "
+                              f"show them all with --all-stores ({', '.join(uuids)})")
         return uuids[0]
 
     # -- what the bucket holds ------------------------------------------------
@@ -101,22 +101,7 @@ class ReplicaSource:
         return gen, best.key
 
     def learn_indexes(self) -> int:
-        """Read the indexes of packs not known yet, and forget packs whose index is gone (a
-        remote gc deleted them; a consumer never writes to the bucket)."""
-        with self._lock:
-            known = self.state.known_packs()
-        listed = indexed_packs(self.bucket)
-        with self._lock:
-            self.state.forget_packs(known - listed)
-        n = 0
-        for name in sorted(listed - known):
-            idx = read_index(self.bucket, name)
-            if idx is None:
-                continue
-            with self._lock:
-                self.state.add_pack(name, idx.size, idx.entries, mine=False)
-            n += 1
-        return n
+        return self.shared.learn_indexes()
 
     def _files(self) -> dict[Path, int]:
         """The catalog files of the followed store in the cache, with the generation each holds."""
@@ -220,7 +205,7 @@ class ReplicaSource:
             conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
             conn.execute("BEGIN")
             conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")
-            _point(conn, "1")
+            point_chunks(conn, "1")
             conn.execute(f"INSERT OR IGNORE INTO {PACKS_USED} SELECT DISTINCT seg_id FROM chunks WHERE seg_id != 0")
             conn.execute("COMMIT")
             conn.execute("DETACH DATABASE r")
@@ -259,7 +244,7 @@ class ReplicaSource:
                 conn.execute(f"CREATE TEMP TABLE repoint AS SELECT cid FROM main.chunks WHERE seg_id IN (SELECT id FROM"
                              f" {PACKS_USED} WHERE id NOT IN (SELECT id FROM r.packs)) UNION SELECT cid FROM d.chunks")
                 conn.execute(f"DELETE FROM {PACKS_USED} WHERE id NOT IN (SELECT id FROM r.packs)")
-                _point(conn, "cid IN (SELECT cid FROM temp.repoint)")
+                point_chunks(conn, "cid IN (SELECT cid FROM temp.repoint)")
                 conn.execute(f"INSERT OR IGNORE INTO {PACKS_USED} SELECT DISTINCT seg_id FROM chunks"
                              " WHERE cid IN (SELECT cid FROM temp.repoint) AND seg_id != 0")
                 conn.execute("COMMIT")
@@ -279,26 +264,21 @@ class ReplicaSource:
     # -- lookups for the replica's reads ------------------------------------------
 
     def pack(self, rowid: int) -> tuple[str, int] | None:
-        with self._lock:
-            row = self.state.conn.execute("SELECT name, size FROM packs WHERE rowid=?", (rowid,)).fetchone()
-        return None if row is None else (str(row[0]), int(row[1]))
+        return self.shared.pack(rowid)
 
     def locate(self, chunk_id: bytes) -> Location | None:
-        with self._lock:
-            row = self.state.conn.execute(
-                "SELECT p.rowid, o.offset, o.stored_len, o.codec, o.raw_len FROM objects o JOIN packs p"
-                " ON p.name = o.pack WHERE o.hash=?", (chunk_id,)).fetchone()
-        return None if row is None else location(*row)
+        return self.shared.locate(chunk_id)
 
-    def drop_catalogs(self, keep: set[Path]) -> None:
-        """Remove the catalog files of the cache but those in `keep` (with their -wal, -shm and
-        .reserve), and what fetches cut short left (a whole catalog's .tmp, a delta's part).
-        Called between fetches, never during one."""
-        for f in self.cache.glob("catalog-*.db*"):
+    def drop_catalogs(self, keep: set[Path], every_store: bool = False) -> None:
+        """Remove the followed store's catalog files (`every_store`: every store's) in the
+        cache but those in `keep` (with their -wal, -shm and .reserve), and what fetches cut
+        short left (a whole catalog's .tmp, a delta's part). Called between fetches, never
+        during one."""
+        for f in self.cache.glob("catalog-*.db*" if every_store else f"catalog-{self.store_uuid}-*.db*"):
             base, _, rest = f.name.partition(".db")
             if rest.endswith((".tmp", ".delta")) or self.cache / f"{base}.db" not in keep:
                 f.unlink(missing_ok=True)
 
     def close(self) -> None:
-        with self._lock:
-            self.state.close()
+        if self._owns_shared:
+            self.shared.close()

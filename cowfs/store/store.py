@@ -207,6 +207,16 @@ class Store(TreeChanges):
     def generation(self) -> int:
         return self.catalog.read(ns.current_gen)
 
+    def observe_generation(self, gen: int) -> bool:
+        """Move the generation counter to at least `gen`, another store's (a Lamport clock:
+        every later change here gets a higher generation than the change seen there). No
+        generation row, no event; committed without its own fsync (the next durable commit
+        makes it durable, before any change that it orders). True if it moved."""
+        def fn(txn: Txn) -> bool:
+            return txn.execute("UPDATE meta SET value=? WHERE key='generation' AND value < ?", (gen, gen)).rowcount > 0
+
+        return self.catalog.write(fn, op="clock", durable=False)
+
     def getattr(self, ino: int, gen: int | None = None) -> Attr:
         return self._read(lambda c, g: ns.getattr_(c, ino, g), gen)
 

@@ -5,33 +5,21 @@ killed mid-save leaves the checkpoint without .metadata and the one before whole
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cowfs.store import Store
-from tests.support.frameworkutil import OFFLINE_ENV
+from tests.support import ranks
 from tests.support.mountutil import mounted
 
 pytestmark = pytest.mark.mount
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_ranks(world: int, tmp_path: Path, mnt: Path, step: int, mode: str) -> list[int]:
     rendezvous = tmp_path / f"rendezvous-{step}-{mode}"
-    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.dcp_ranks", str(r), str(world), str(rendezvous),
-                               str(mnt), str(step), mode], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE) for r in range(world)]
-    codes = []
-    for p in procs:
-        _out, err = p.communicate(timeout=600)
-        codes.append(p.returncode)
-        if p.returncode not in (0, -9) and mode != "die":
-            print(err.decode()[-4000:], file=sys.stderr)
-    return codes
+    return ranks.run_ranks("tests.support.dcp_ranks", [[str(r), str(world), str(rendezvous), str(mnt), str(step), mode]
+                                                        for r in range(world)], quiet=mode == "die")
 
 
 def _chunks(store: Store, path: str) -> list[bytes]:

@@ -115,9 +115,9 @@ def test_two_stores_sharing_a_prefix_keep_what_either_uses(tmp_path, rgw, s3_buc
     assert pack_names(cfg) == shared | others  # only the packs nothing but s1's old versions used went
     assert keys(cfg, "index") == sorted(Bucket(cfg).key("index", n) for n in shared | others)
     assert not keys(cfg, "gc")
-    assert consumer.state.known_packs() == shared | mine | others
+    assert consumer.shared.state.known_packs() == shared | mine | others
     consumer.learn_indexes()  # at its next catalog fetch it forgets the packs gc deleted
-    assert consumer.state.known_packs() == shared | others
+    assert consumer.shared.state.known_packs() == shared | others
     consumer.close()
     assert read_back(cfg, uuid2, tmp_path) == {"/run/common.bin": common, "/run/only2.bin": only2}
     assert read_back(cfg, uuid1, tmp_path) == {}  # s1's newest generation: /run, empty

@@ -3,6 +3,7 @@ with the engine's calls."""
 from __future__ import annotations
 
 import json
+import pickle
 
 from cowfs.store import ROOT_INO, Store
 
@@ -36,11 +37,18 @@ def lightning_save(s: Store, ckdir: str, name: str, seed: int) -> int:
 
 
 def dcp_save(s: Store, ckpt: str, seed: int, ranks: int = 2) -> int:
-    """A torch.distributed.checkpoint-like directory: `.distcp` files, then `.metadata` last."""
+    """A torch.distributed.checkpoint-like directory: `.distcp` files, then `.metadata` last
+    (a pickle naming each rank's file, as DCP's storage_data does)."""
     mkdirs(s, ckpt)
     for r in range(ranks):
         s.write_file(f"{ckpt}/__{r}_0.distcp", data(20_000, seed + r))
-    return s.write_file(f"{ckpt}/.metadata", data(500, seed + 100)).birth_gen
+    return s.write_file(f"{ckpt}/.metadata", dcp_metadata(ranks, seed)).birth_gen
+
+
+def dcp_metadata(ranks: int, seed: int = 0) -> bytes:
+    """A stand-in for DCP's pickled Metadata: each item's (relative path, offset, length)."""
+    return pickle.dumps({"seed": seed, "storage_data": {f"rank{r}.w": (f"__{r}_0.distcp", 0, 20_000)
+                                                        for r in range(ranks)}})
 
 
 def deepspeed_save(s: Store, save_dir: str, tag: str, seed: int) -> int:

@@ -79,8 +79,8 @@ class Watch:
 class Consumer:
     """`cowfs mount s3://... --read-only --cache DIR` in a context that always unmounts."""
 
-    def __init__(self, url: str, endpoint: str, mnt: Path, cache: Path) -> None:
-        self.args = ("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint)
+    def __init__(self, url: str, endpoint: str, mnt: Path, cache: Path, *extra: str) -> None:
+        self.args = ("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint, *extra)
         self.mnt, self.cache = mnt, cache
 
     def __enter__(self) -> Path:

@@ -142,11 +142,12 @@ def _watch_lines(target: Path) -> tuple[subprocess.Popen, "queue.Queue[tuple[flo
 
 
 @contextlib.contextmanager
-def consumer(url: str, endpoint: str, mnt: Path, cache: Path, code: Path | None = None) -> Iterator[Path]:
+def consumer(url: str, endpoint: str, mnt: Path, cache: Path, code: Path | None = None,
+             extra: tuple[str, ...] = ()) -> Iterator[Path]:
     """A consumer's read-only mount of the bucket for the body of the with-block, its daemon
     run from the source tree `code` if given (harnessutil.run_cowfs)."""
     mnt.mkdir(exist_ok=True)
-    run_cowfs("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint, code=code)
+    run_cowfs("mount", url, str(mnt), "--read-only", "--cache", str(cache), "--endpoint", endpoint, *extra, code=code)
     try:
         yield mnt
     finally:

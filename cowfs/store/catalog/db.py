@@ -78,7 +78,7 @@ class Txn:
             )
 
 
-def _one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str, durable: bool = True) -> T:
+def one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str, durable: bool = True) -> T:
     """fn(txn) in BEGIN IMMEDIATE ... COMMIT; rolled back if it raises. Not `durable`: the
     COMMIT does not fsync the WAL (synchronous = NORMAL for it): the next durable commit does."""
     txn = Txn(conn, op)
@@ -288,7 +288,7 @@ class Catalog:
         durable = any(c.durable for c in live)
         if len(live) == 1:  # alone: a plain transaction, no savepoint to pay for
             try:
-                result = _one_transaction(conn, live[0].fn, live[0].op, durable)
+                result = one_transaction(conn, live[0].fn, live[0].op, durable)
                 self._committed(durable)
                 live[0].future.set_result(result)
             except BaseException as e:
@@ -359,7 +359,7 @@ class Catalog:
         for attempt in (1, 2):
             try:
                 if threading.current_thread() is self._thread:
-                    result = _one_transaction(self._conn, fn, op)
+                    result = one_transaction(self._conn, fn, op)
                     self._committed(True)
                     return result
                 change = _Change(fn, op, durable)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import CowfsError
 from ..catalog import namespace as ns
-from . import rules
+from . import dcp_files, rules
 from .trainer_state import MAX_STATE_BYTES, TrainerState, parse_trainer_state
 from .walk import ALL_KINDS, MAX_DEPTH, MAX_DIRS, TRAINER_ONLY, Found, TreeWalker
 
@@ -109,7 +109,7 @@ def build(store: "Store", snapshots: "list[Snapshot] | None" = None, live: bool 
         return out, walker.truncated, times
 
     per_tree, truncated, times = store.catalog.read(walk)
-    per_tree = _deepspeed_named(store, per_tree)
+    per_tree = _dcp_whole(store, _deepspeed_named(store, per_tree))
     located: dict[int, list[Location]] = {}
     kind_of: dict[int, str] = {}
     in_snapshot: dict[str, list[int]] = {}
@@ -170,14 +170,48 @@ def _deepspeed_named(store: "Store", per_tree: list[tuple[str | None, int, list[
     return out
 
 
-def _read_tag(store: "Store", ino: int, gen: int) -> str | None:
+def _dcp_whole(store: "Store", per_tree: list[tuple[str | None, int, list[Found]]]
+               ) -> list[tuple[str | None, int, list[Found]]]:
+    """Keep the DCP checkpoints whose `.metadata` names no data file missing in that tree
+    (dcp_files.py: across stores, the coordinator's file can show before the others')."""
+    names: dict[int, set[str] | None] = {}
+    out = []
+    for tree, gen, founds in per_tree:
+        kept = []
+        for f in founds:
+            if f.kind == rules.DCP:
+                if f.content_id not in names:
+                    names[f.content_id] = _read_names(store, f.state_ino, gen)
+                want = names[f.content_id]
+                if want:
+                    try:
+                        dir_ino = store.resolve(f.path, gen).ino
+                    except CowfsError:
+                        continue
+                    if store.catalog.read(lambda c, d=dir_ino, w=want: dcp_files.missing_files(c, d, gen, w)):
+                        continue
+            kept.append(f)
+        out.append((tree, gen, kept))
+    return out
+
+
+def _small_file(store: "Store", ino: int, gen: int, limit: int) -> bytes | None:
+    """The file's bytes as of `gen`; None when larger than `limit` or unreadable."""
     try:
         with store.open_reader(ino, gen) as reader:
-            if reader.size > rules.MAX_TAG_BYTES:
-                return None
-            return rules.deepspeed_tag(bytes(reader.read(0, reader.size)))
+            return None if reader.size > limit else bytes(reader.read(0, reader.size))
     except CowfsError:
         return None
+
+
+def _read_names(store: "Store", ino: int, gen: int) -> set[str] | None:
+    blob = _small_file(store, ino, gen, dcp_files.MAX_METADATA_BYTES)
+    return None if blob is None else dcp_files.named_files(blob)
+
+
+def _read_tag(store: "Store", ino: int, gen: int) -> str | None:
+    blob = _small_file(store, ino, gen, rules.MAX_TAG_BYTES)
+    return None if blob is None else rules.deepspeed_tag(blob)
 
 
 def _read_state(store: "Store", loc: Location) -> TrainerState | None:

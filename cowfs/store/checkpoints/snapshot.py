@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ...errors import CowfsError, Exists, NotFound
 from ..catalog import namespace as ns
 from ..catalog.schema import ROOT_INO
-from . import rules
+from . import dcp_files, rules
 from .rules import Trigger
 from .trainer_state import MAX_STATE_BYTES, STATE_FILE, checkpoint_step, parse_trainer_state
 from .walk import TreeWalker
@@ -51,6 +51,20 @@ def _read(store: "Store", ino: int, gen: int, limit: int) -> bytes:
         return bytes(reader.read(0, reader.size))
 
 
+def _dcp_whole(store: "Store", path: str, directory: str, metadata_ino: int, gen: int) -> None:
+    """NotComplete unless every data file the `.metadata` names is there as of `gen`."""
+    try:
+        names = dcp_files.named_files(_read(store, metadata_ino, gen, dcp_files.MAX_METADATA_BYTES))
+    except NotComplete:
+        return  # too large to read: taken as whole, as before
+    if not names:
+        return
+    dir_ino = store.resolve(directory, gen).ino
+    missing = store.catalog.read(lambda conn: dcp_files.missing_files(conn, dir_ino, gen, names))
+    if missing:
+        raise NotComplete(f"{path} names {len(missing)} data files not there yet ({', '.join(missing[:3])})")
+
+
 def plan(store: "Store", trigger: Trigger) -> Plan:
     """What to snapshot for `trigger`, checked as of its generation; NotComplete if nothing."""
     gen = trigger.generation
@@ -75,6 +89,7 @@ def plan(store: "Store", trigger: Trigger) -> Plan:
         return Plan(trigger, rules.snapshot_name(rules.run_of(trigger, trigger.path), rules.lightning_label(name)),
                     trigger.path, None, attr.content_id)
     if trigger.kind == rules.DCP:
+        _dcp_whole(store, trigger.path, directory, attr.ino, gen)
         label = rules.step_label(directory.rsplit("/", 1)[-1] or "root")
         return Plan(trigger, rules.snapshot_name(rules.run_of(trigger, directory), label), directory, directory,
                     attr.content_id)

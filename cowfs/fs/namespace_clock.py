@@ -1,0 +1,85 @@
+"""A producer's generations as a Lamport clock across the stores of its prefix (docs/design.md
+section 17, "One namespace for a job"): the daemon listens to the notices of every other
+store under its remote's prefix and moves its own generation counter past each generation
+they name (`Store.observe_generation`), so a change made here after another store's change
+was seen here has the higher generation. The merged view's clash rule (remote/merge.py)
+compares those generations: the later commit wins, and no machine's clock decides.
+
+Peers are found by listing `stores/` every PEER_LOOK seconds; a peer whose notices do not
+arrive (no `--notify`, or its daemon down) is looked at in the bucket (its newest catalog
+object's generation) at the same interval.
+"""
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ..errors import CowfsError
+from ..remote.config import REMOTE_FILE
+from .operations import CowfsOperations
+
+log = logging.getLogger("cowfs.remote")
+PEER_LOOK = 10.0  # seconds between listings of the prefix's stores
+CONFIG_CHECK = 1.0
+
+
+async def follow_peer_clocks(ops: CowfsOperations) -> None:
+    store = ops.store
+    while not (store.root / REMOTE_FILE).exists():
+        if ops.handles.unmounting:
+            return
+        await trio.sleep(CONFIG_CHECK)
+
+    def modules() -> tuple:  # type: ignore[type-arg]
+        from ..remote.catalogs import retained_catalogs
+        from ..remote.notices import NoticeListener
+        from ..remote.tier import tier_of
+        return retained_catalogs, NoticeListener, tier_of
+
+    retained_catalogs, notice_listener, tier_of = await trio.to_thread.run_sync(modules)
+    tier = tier_of(store)
+    own = store.config.store_uuid
+    listeners: dict[str, object] = {}
+    url = None
+
+    def observe(gen: int) -> None:  # (a listener's thread)
+        try:
+            if not store.closed:
+                store.observe_generation(gen)
+        except CowfsError as e:
+            log.warning("a peer's generation %d not observed: %s", gen, e)
+
+    def look() -> None:
+        nonlocal url
+        cfg = tier.config
+        if cfg is None or cfg.url != url:
+            for listener in listeners.values():
+                listener.close()  # type: ignore[attr-defined]
+            listeners.clear()
+            url = None if cfg is None else cfg.url
+        if cfg is None:
+            return
+        bucket = tier.bucket()
+        prefix = bucket.key("stores", "")
+        peers = sorted({o.key[len(prefix):].split("/", 1)[0] for o in bucket.list(prefix)} - {own})
+        for peer in peers:
+            listener = listeners.get(peer)
+            if listener is None:
+                listener = listeners[peer] = notice_listener(bucket, peer, lambda g, _key: observe(g))
+            if not listener.connected.is_set():  # type: ignore[attr-defined]
+                objects = retained_catalogs(bucket, peer)
+                if objects:
+                    observe(objects[-1].generation)
+
+    try:
+        while not ops.handles.unmounting:
+            try:
+                await trio.to_thread.run_sync(look)
+            except CowfsError as e:
+                log.info("the prefix's other stores not looked at: %s", e)
+            await trio.sleep(PEER_LOOK)
+    finally:
+        with trio.CancelScope(shield=True):  # the listeners' threads end before the store closes
+            for listener in listeners.values():
+                await trio.to_thread.run_sync(listener.close)  # type: ignore[attr-defined]

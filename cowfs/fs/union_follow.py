@@ -1,0 +1,105 @@
+"""A consumer of every store under a prefix (`--all-stores`) following them: each store's
+notices (remote/notices.py) as they arrive, stores that appear under the prefix, and,
+for a store from which no notices come (its remote has no `--notify`, or its daemon is
+down), a look at the bucket every POLL_SECONDS, said once in the log. Each step is
+merged (remote/merge.py) on a worker thread, then the kernel and `cowfs watch` are told
+(replica_changes.py).
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from ..errors import CowfsError
+from ..remote.notices import NoticeListener
+from ..remote.replica import Replica
+from ..remote.union_source import UnionSource
+from .operations import CowfsOperations
+from .replica_changes import tell
+
+log = logging.getLogger("cowfs.replica")
+DISCOVER_SECONDS = 2.0  # how often the prefix is listed for new stores (no notice tells of a store's birth)
+POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in the bucket
+QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
+
+
+async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
+    replica: Replica = ops.store  # type: ignore[assignment]
+    send, recv = trio.open_memory_channel[tuple[str, int, str]](math.inf)
+    token = trio.lowlevel.current_trio_token()
+    listeners: dict[str, NoticeListener] = {}
+    unconnected: dict[str, float] = {}  # store -> when its listener was first seen unconnected
+    said_polling: set[str] = set()
+
+    def notice_for(store: str):  # type: ignore[no-untyped-def]
+        def on_notice(g: int, key: str) -> None:
+            try:
+                token.run_sync_soon(send.send_nowait, (store, g, key))
+            except trio.RunFinishedError:
+                pass
+        return on_notice
+
+    async def watch_bucket() -> None:
+        """New stores, gone stores, and stores that send no notices."""
+        while True:
+            try:
+                listed = await trio.to_thread.run_sync(source.listed_stores)
+            except CowfsError as e:
+                log.warning("the prefix's stores not listed: %s", e)
+                listed = list(listeners)
+            for store in listed:
+                if store not in listeners:
+                    log.info("following store %s", store)
+                    listeners[store] = NoticeListener(source.bucket, store, notice_for(store))
+                    await _poll(store)  # its newest catalog now, whether or not it sends notices
+            for store in [s for s in listeners if s not in listed]:
+                await trio.to_thread.run_sync(listeners.pop(store).close)
+                if await trio.to_thread.run_sync(source.newest, store) is None:
+                    log.info("store %s has left the prefix", store)
+                    changes = await trio.to_thread.run_sync(source.forget, store)
+                    await tell(replica, changes)
+            now = trio.current_time()
+            for store, listener in listeners.items():
+                if listener.connected.is_set():
+                    unconnected.pop(store, None)
+                    said_polling.discard(store)
+                    continue
+                since = unconnected.setdefault(store, now)
+                if now - since >= QUIET_SECONDS:
+                    if store not in said_polling:
+                        said_polling.add(store)
+                        log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
+                                    " looking at the bucket every %.0f s", store, POLL_SECONDS)
+                    await _poll(store)
+            await trio.sleep(min(DISCOVER_SECONDS, POLL_SECONDS))
+
+    async def _poll(store: str) -> None:
+        newest = await trio.to_thread.run_sync(source.newest, store)
+        if newest is not None and newest[0] > source.held(store):
+            send.send_nowait((store, *newest))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_bucket)
+            async for store, g, key in recv:
+                if g <= source.held(store):
+                    continue
+                try:
+                    changes = await trio.to_thread.run_sync(source.step, store, g, key)
+                except CowfsError as e:
+                    log.warning("store %s generation %d not applied: %s", store, g, e)
+                    continue
+                except Exception:  # noqa: BLE001 - the mount goes on serving what it has; the next notice tries again
+                    log.exception("store %s generation %d not applied", store, g)
+                    continue
+                if changes is None:
+                    continue
+                await tell(replica, changes)
+                log.info("store %s generation %d merged (%d inodes, %d entries changed)", store, g,
+                         len(changes.inos), len(changes.entries))
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners.values():
+                await trio.to_thread.run_sync(listener.close)

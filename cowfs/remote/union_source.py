@@ -1,0 +1,124 @@
+"""A consumer of every store under a prefix (`cowfs mount s3://... --all-stores`): one
+ReplicaSource per store (its catalog file in the cache, brought forward by its deltas) and
+the merged catalog over them (merge.py), which the consumer's Replica serves. Stores that
+appear under the prefix later are followed from then on; a store whose objects are all
+gone leaves the merged tree (docs/design.md section 17, "One namespace for a job").
+
+`CACHE/` holds, beside what source.py lists, `union.db`: the merged catalog, made afresh at
+each mount (its inode numbers are the mount's own).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import RemoteError
+from ..store.log.log import Location
+from .catalogs import retained_catalogs
+from .changes import Changes
+from .config import RemoteConfig
+from .consumer_bucket import ConsumerBucket
+from .merge import MergedCatalog, fresh
+from .source import ReplicaSource
+
+log = logging.getLogger("cowfs.replica")
+UNION_FILE = "union.db"
+
+
+class UnionSource:
+    def __init__(self, cache: Path, cfg: RemoteConfig) -> None:
+        self.cache = cache
+        self.cfg = cfg
+        self.shared = ConsumerBucket(cache, cfg)
+        self.bucket = self.shared.bucket
+        self.followers: dict[str, ReplicaSource] = {}
+        self.merged: MergedCatalog = fresh(cache / UNION_FILE, self.shared.state_path)
+        self._resync = False  # a step failed after its store's file moved on: look at everything again
+        self._held: dict[str, int] = {}  # store -> the generation the merged tree shows
+        if self.shared.reset:
+            for f in cache.glob("catalog-*.db*"):
+                f.unlink(missing_ok=True)
+
+    @property
+    def path(self) -> Path:
+        return self.merged.path
+
+    # -- stores -------------------------------------------------------------------------
+
+    def listed_stores(self) -> list[str]:
+        """The stores under the prefix that have a catalog object (a store that published
+        only where it listens for consumers has nothing to show yet)."""
+        return [u for u in self.shared.store_uuids() if u in self.followers or retained_catalogs(self.bucket, u)]
+
+    def add_store(self, store: str) -> ReplicaSource:
+        follower = self.followers.get(store)
+        if follower is None:
+            follower = self.followers[store] = ReplicaSource(self.cache, self.cfg, store, shared=self.shared)
+        return follower
+
+    def held(self, store: str) -> int:
+        """The generation of `store` the merged tree shows (0: none yet)."""
+        return self._held.get(store, 0)
+
+    def newest(self, store: str) -> tuple[int, str] | None:
+        """(generation, key) of the store's newest catalog object; None if it has none now."""
+        try:
+            return self.add_store(store).newest()
+        except RemoteError:
+            return None
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def step(self, store: str, gen: int, key: str) -> Changes | None:
+        """Bring `store` to generation `gen` (catalog object `key`) and merge what changed;
+        returns what changed in the merged tree, None when it held `gen` already."""
+        follower = self.add_store(store)
+        old = self.held(store)
+        if gen <= old and not self._resync:
+            return None
+        fetched = follower.fetch_catalog(gen, key)
+        first = store not in self.merged.sources
+        try:
+            if self._resync:
+                self.merged.sources[store] = fetched.path
+                changes = self.merged.resync()
+                self._resync = False
+            else:
+                changes = self.merged.step(store, fetched.path, old, fetched.generation,
+                                           None if first or fetched.new_file else fetched.changes)
+        except BaseException:
+            self._resync = True
+            raise
+        self._held = self.merged.store_generations()
+        follower.drop_catalogs({fetched.path})  # the merged catalog holds what it needs of them
+        return changes
+
+    def catch_up(self) -> int:
+        """Every store under the prefix brought to its newest catalog object (at mount, so the
+        tree shows at once what the bucket holds); returns how many stores there are."""
+        listed = self.listed_stores()
+        for store in listed:
+            newest = self.newest(store)
+            if newest is not None:
+                self.step(store, *newest)
+        return len(listed)
+
+    def forget(self, store: str) -> Changes:
+        follower = self.followers.pop(store, None)
+        changes = self.merged.forget(store)
+        self._held.pop(store, None)
+        if follower is not None:
+            follower.drop_catalogs(set())
+        return changes
+
+    # -- what the replica reads through --------------------------------------------------
+
+    def pack(self, rowid: int) -> tuple[str, int] | None:
+        return self.shared.pack(rowid)
+
+    def locate(self, chunk_id: bytes) -> Location | None:
+        return self.shared.locate(chunk_id)
+
+    def close(self) -> None:
+        self.merged.close()
+        self.shared.close()
