@@ -23,6 +23,7 @@ log = logging.getLogger("cowfs.replica")
 DISCOVER_SECONDS = 2.0  # how often the prefix is listed for new stores (no notice tells of a store's birth)
 POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in the bucket
 QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # a failed step is tried again after these (doubling)
 
 
 async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
@@ -75,6 +76,17 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                     await _poll(store)
             await trio.sleep(min(DISCOVER_SECONDS, POLL_SECONDS))
 
+    retry = RETRY_FIRST
+
+    async def again(items: dict[str, tuple[int, str]]) -> None:
+        """A step that failed (the bucket unreachable, an engine restarting) is tried again
+        after 1, 2, 4 ... 30 s: a producer that has nothing new sends no other notice."""
+        nonlocal retry
+        delay, retry = retry, min(retry * 2, RETRY_MAX)
+        await trio.sleep(delay)
+        for store, (g, key) in items.items():
+            send.send_nowait((store, g, key))
+
     async def _poll(store: str) -> None:
         newest = await trio.to_thread.run_sync(source.newest, store)
         if newest is not None and newest[0] > source.held(store):
@@ -84,20 +96,34 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_bucket)
             async for store, g, key in recv:
-                if g <= source.held(store):
+                wanted = {store: (g, key)}  # and every notice queued meanwhile: one batch
+                while True:
+                    try:
+                        s2, g2, k2 = recv.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    if g2 > wanted.get(s2, (0, ""))[0]:
+                        wanted[s2] = (g2, k2)
+                wanted = {s: gk for s, gk in wanted.items() if gk[0] > source.held(s)}
+                if not wanted:
                     continue
                 try:
-                    changes = await trio.to_thread.run_sync(source.step, store, g, key)
-                except CowfsError as e:
-                    log.warning("store %s generation %d not applied: %s", store, g, e)
+                    changes, failed = await trio.to_thread.run_sync(source.steps, wanted)
+                except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
+                    log.warning("generations %s not merged (tried again): %s", wanted, e,
+                                exc_info=not isinstance(e, CowfsError))
+                    nursery.start_soon(again, wanted)
                     continue
-                except Exception:  # noqa: BLE001 - the mount goes on serving what it has; the next notice tries again
-                    log.exception("store %s generation %d not applied", store, g)
-                    continue
+                for s, e in failed.items():
+                    log.warning("store %s generation %d not applied (tried again): %s", s, wanted[s][0], e)
+                if failed:
+                    nursery.start_soon(again, {s: wanted[s] for s in failed})
+                retry = RETRY_FIRST if not failed else retry
                 if changes is None:
                     continue
                 await tell(replica, changes)
-                log.info("store %s generation %d merged (%d inodes, %d entries changed)", store, g,
+                log.info("merged %s (%d inodes, %d entries changed)",
+                         ", ".join(f"store {s} generation {gk[0]}" for s, gk in sorted(wanted.items()) if s not in failed),
                          len(changes.inos), len(changes.entries))
     finally:
         with trio.CancelScope(shield=True):

@@ -107,6 +107,17 @@ def tree_paths(conn: sqlite3.Connection, gen: int) -> list[bytes]:
 
 
 @dataclass
+class Step:
+    """One store's catalog file brought from generation `old` to `new`, and what changed
+    (None: not known, every path of it is looked at)."""
+    store: str
+    catalog: Path
+    old: int
+    new: int
+    changes: Changes | None
+
+
+@dataclass
 class Candidate:
     """A store's entry at a path: its inode, version, and the key the clash rule compares."""
     store: str
@@ -148,6 +159,7 @@ class MergedCatalog:
             create_catalog(path, NAMESPACE_UUID)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
         self.conn.execute("PRAGMA busy_timeout = 60000")
+        self.conn.execute("PRAGMA synchronous = OFF")  # a cache, built again at every mount: no fsync
         self.conn.executescript(EXTRA + f"CREATE TABLE IF NOT EXISTS {PACKS_USED} (id INTEGER PRIMARY KEY);")
         self.conn.execute("ATTACH DATABASE ? AS r", (str(remote_db),))
         self.sources: dict[str, Path] = {}  # store -> its catalog file, as set by the last step
@@ -169,26 +181,34 @@ class MergedCatalog:
         says what changed since `old` (None: anything may have: every path it held at `old`,
         in its previous file, and holds at `new` is looked at). One merged transaction;
         returns what changed in the merged tree."""
-        previous = self.sources.get(store)
-        self.sources[store] = catalog
+        return self.steps([Step(store, catalog, old, new, changes)])
+
+    def steps(self, steps: "list[Step]") -> Changes:
+        """Several stores' steps merged as one transaction, one merged generation."""
+        previous = {st.store: self.sources.get(st.store) for st in steps}
+        for st in steps:
+            self.sources[st.store] = st.catalog
         paths: set[bytes] = set()
         with self._open_sources() as reading:
-            conn = next(c for s, c, _ in reading if s == store)
-            if changes is None:
-                paths.update(tree_paths(conn, new))
-                if previous is not None and previous != catalog and previous.exists():
-                    old_conn = sqlite3.connect(f"file:{previous}?mode=ro", uri=True)
-                    try:
-                        paths.update(tree_paths(old_conn, old))
-                    finally:
-                        old_conn.close()
-            else:
-                for gen in {old, new}:
-                    for parent, name in changes.entries:
-                        paths.update(join(head, name) for head in paths_at(conn, parent, gen))
-                    for ino in changes.inos:
-                        paths.update(paths_at(conn, ino, gen))
-            return self._apply(reading, paths, {store: new}, "merge")
+            conns = {s: c for s, c, _ in reading}
+            for st in steps:
+                conn = conns[st.store]
+                before = previous[st.store]
+                if st.changes is None:
+                    paths.update(tree_paths(conn, st.new))
+                    if before is not None and before != st.catalog and before.exists():
+                        old_conn = sqlite3.connect(f"file:{before}?mode=ro", uri=True)
+                        try:
+                            paths.update(tree_paths(old_conn, st.old))
+                        finally:
+                            old_conn.close()
+                else:
+                    for gen in {st.old, st.new}:
+                        for parent, name in st.changes.entries:
+                            paths.update(join(head, name) for head in paths_at(conn, parent, gen))
+                        for ino in st.changes.inos:
+                            paths.update(paths_at(conn, ino, gen))
+            return self._apply(reading, paths, {st.store: st.new for st in steps}, "merge")
 
     def resync(self) -> Changes:
         """Every path of every store and of the merged tree looked at again (after a step

@@ -130,7 +130,7 @@ class ReplicaSource:
         path = max(files, key=lambda f: (files[f], f.name))
         return path, files[path]
 
-    def fetch_catalog(self, gen: int, key: str) -> "Fetched":
+    def fetch_catalog(self, gen: int, key: str, learn: bool = True) -> "Fetched":
         """Generation `gen`, made servable from the packs: the delta `key` applied in place to
         the catalog file holding the generation it starts from, else the chain of objects the
         bucket has that leads there (a whole catalog, as a new file, and deltas applied to it)."""
@@ -145,7 +145,8 @@ class ReplicaSource:
             steps = [CatalogObject(self.store_uuid, gen, key, 0)]
         elif parsed is not None and parsed[1] in held:
             steps = [CatalogObject(self.store_uuid, gen, key, 0, parsed[1])]
-        self.learn_indexes()
+        if learn:
+            self.learn_indexes()
         origin = cur[1] if cur is not None else 0
         changes = Changes(origin, gen)  # since the generation served before, over every step
         new_file = False  # a whole catalog made a new file (in either attempt)

@@ -10,19 +10,21 @@ each mount (its inode numbers are the mount's own).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import RemoteError
+from ..errors import CowfsError, RemoteError
 from ..store.log.log import Location
 from .catalogs import retained_catalogs
 from .changes import Changes
 from .config import RemoteConfig
 from .consumer_bucket import ConsumerBucket
-from .merge import MergedCatalog, fresh
-from .source import ReplicaSource
+from .merge import MergedCatalog, Step, fresh
+from .source import Fetched, ReplicaSource
 
 log = logging.getLogger("cowfs.replica")
 UNION_FILE = "union.db"
+FETCH_THREADS = 8  # stores' catalog objects fetched side by side in one batch of steps
 
 
 class UnionSource:
@@ -72,35 +74,64 @@ class UnionSource:
     def step(self, store: str, gen: int, key: str) -> Changes | None:
         """Bring `store` to generation `gen` (catalog object `key`) and merge what changed;
         returns what changed in the merged tree, None when it held `gen` already."""
-        follower = self.add_store(store)
-        old = self.held(store)
-        if gen <= old and not self._resync:
-            return None
-        fetched = follower.fetch_catalog(gen, key)
-        first = store not in self.merged.sources
+        changes, failed = self.steps({store: (gen, key)})
+        if failed:
+            raise failed[store]
+        return changes
+
+    def steps(self, wanted: dict[str, tuple[int, str]]) -> tuple[Changes | None, dict[str, Exception]]:
+        """Several stores brought to the generations `wanted` names (store -> (generation,
+        key)) at once: the pack indexes read once, the catalog objects fetched side by side,
+        one merged transaction. Returns what changed in the merged tree (None if nothing was
+        merged) and the stores that failed, with why (they keep their generation)."""
+        todo = {s: gk for s, gk in wanted.items() if gk[0] > self.held(s) or self._resync}
+        if not todo:
+            return None, {}
+        self.shared.learn_indexes()
+        failed: dict[str, Exception] = {}
+        fetched: dict[str, Fetched] = {}
+
+        def fetch(store: str) -> None:
+            gen, key = todo[store]
+            try:
+                fetched[store] = self.add_store(store).fetch_catalog(gen, key, learn=False)
+            except CowfsError as e:
+                failed[store] = e
+
+        if len(todo) == 1:
+            fetch(next(iter(todo)))
+        else:
+            with ThreadPoolExecutor(min(len(todo), FETCH_THREADS), thread_name_prefix="cowfs-union-fetch") as pool:
+                list(pool.map(fetch, sorted(todo)))
+        if not fetched:
+            return None, failed
         try:
             if self._resync:
-                self.merged.sources[store] = fetched.path
+                for store, f in fetched.items():
+                    self.merged.sources[store] = f.path
                 changes = self.merged.resync()
                 self._resync = False
             else:
-                changes = self.merged.step(store, fetched.path, old, fetched.generation,
-                                           None if first or fetched.new_file else fetched.changes)
+                changes = self.merged.steps([
+                    Step(store, f.path, self.held(store), f.generation,
+                         None if store not in self.merged.sources or f.new_file else f.changes)
+                    for store, f in sorted(fetched.items())])
         except BaseException:
             self._resync = True
             raise
         self._held = self.merged.store_generations()
-        follower.drop_catalogs({fetched.path})  # the merged catalog holds what it needs of them
-        return changes
+        for store, f in fetched.items():
+            self.followers[store].drop_catalogs({f.path})  # the merged catalog holds what it needs of them
+        return changes, failed
 
     def catch_up(self) -> int:
         """Every store under the prefix brought to its newest catalog object (at mount, so the
         tree shows at once what the bucket holds); returns how many stores there are."""
         listed = self.listed_stores()
-        for store in listed:
-            newest = self.newest(store)
-            if newest is not None:
-                self.step(store, *newest)
+        wanted = {s: n for s in listed if (n := self.newest(s)) is not None}
+        _changes, failed = self.steps(wanted)
+        for store, e in failed.items():
+            log.warning("store %s not shown yet: %s", store, e)
         return len(listed)
 
     def forget(self, store: str) -> Changes:

@@ -340,6 +340,16 @@ rgw exit timeout secs = 10
                    ("client.rgw.gw",))
         return creds
 
+    def restart_gateway(self, timeout: float = 120.0) -> None:
+        """radosgw killed (SIGKILL) and started again on the same port, the cluster behind it
+        untouched: what an engine's restart looks like to its clients."""
+        name = "client.rgw.gw"
+        old = self.procs[name]
+        old.kill()
+        old.wait()
+        self._spawn(name, "radosgw", "-c", str(self.conf), "-f", "-n", name)
+        self._wait("radosgw to answer HTTP again", self._http_answers, time.monotonic() + timeout, (name,))
+
     # --- teardown and inspection ----------------------------------------------------------
 
     @property
