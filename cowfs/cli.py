@@ -92,7 +92,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     print(f"compact: {r['recut']} of {r['bodies']} files re-cut ({human_bytes(r['logical_bytes'])}), "
           f"{r['pieces']} tensor pieces, {r['new_chunks']} stored anew, {r['deltas']} turned into deltas; "
           f"stored {human_bytes(r['stored_bytes_before'])} -> {human_bytes(r['stored_bytes'])} "
-          f"of {human_bytes(r['logical_bytes_total'])} logical in {r['seconds']:.2f}s (gc gives back the old records)")
+          f"of {human_bytes(r['logical_bytes_total'])} logical in {r['seconds']:.2f}s; the records it replaced "
+          f"given back: {human_bytes(r['gc_bytes_freed'])} freed on the device")
     for e in r["errors"]:
         print(f"warning: {e}", file=sys.stderr)
     return 0
@@ -338,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "formats (safetensors, torch.save, .distcp, .npy) into tensor pieces, stored byte-grouped and "
                        "compressed, older pieces as deltas against the next newer piece of the same tensor. Reads return the same "
                        "bytes; the records it replaces are given back by gc. The daemon also does this when idle.",
-                       epilog="example: cowfs compact /mnt/ckpt && cowfs gc /mnt/ckpt")
+                       epilog="example: cowfs compact /mnt/ckpt")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_compact)

@@ -20,7 +20,7 @@ from ..remote.config import REMOTE_FILE
 from .operations import CowfsOperations
 
 log = logging.getLogger("cowfs.remote")
-PEER_LOOK = 10.0  # seconds between listings of the prefix's stores
+PEER_LOOK = 3.0  # seconds between listings of the prefix's stores
 CONFIG_CHECK = 1.0
 
 

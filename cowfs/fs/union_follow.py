@@ -43,38 +43,44 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
         return on_notice
 
     async def watch_bucket() -> None:
-        """New stores, gone stores, and stores that send no notices."""
         while True:
             try:
-                listed = await trio.to_thread.run_sync(source.listed_stores)
-            except CowfsError as e:
-                log.warning("the prefix's stores not listed: %s", e)
-                listed = list(listeners)
-            for store in listed:
-                if store not in listeners:
-                    log.info("following store %s", store)
-                    listeners[store] = NoticeListener(source.bucket, store, notice_for(store))
-                    await _poll(store)  # its newest catalog now, whether or not it sends notices
-            for store in [s for s in listeners if s not in listed]:
-                await trio.to_thread.run_sync(listeners.pop(store).close)
-                if await trio.to_thread.run_sync(source.newest, store) is None:
-                    log.info("store %s has left the prefix", store)
-                    changes = await trio.to_thread.run_sync(source.forget, store)
-                    await tell(replica, changes)
-            now = trio.current_time()
-            for store, listener in listeners.items():
-                if listener.connected.is_set():
-                    unconnected.pop(store, None)
-                    said_polling.discard(store)
-                    continue
-                since = unconnected.setdefault(store, now)
-                if now - since >= QUIET_SECONDS:
-                    if store not in said_polling:
-                        said_polling.add(store)
-                        log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
-                                    " looking at the bucket every %.0f s", store, POLL_SECONDS)
-                    await _poll(store)
+                await look_at_bucket()
+            except Exception:  # noqa: BLE001 - following goes on; the next look tries again
+                log.exception("the prefix's stores not looked at")
             await trio.sleep(min(DISCOVER_SECONDS, POLL_SECONDS))
+
+    async def look_at_bucket() -> None:
+        """New stores, gone stores, and stores that send no notices."""
+        try:
+            listed = await trio.to_thread.run_sync(source.listed_stores)
+        except CowfsError as e:
+            log.warning("the prefix's stores not listed: %s", e)
+            listed = list(listeners)
+        for store in listed:
+            if store not in listeners:
+                log.info("following store %s", store)
+                listeners[store] = NoticeListener(source.bucket, store, notice_for(store))
+                await _poll(store)  # its newest catalog now, whether or not it sends notices
+        for store in [s for s in listeners if s not in listed]:
+            await trio.to_thread.run_sync(listeners.pop(store).close)
+            if await trio.to_thread.run_sync(source.newest, store) is None:
+                log.info("store %s has left the prefix", store)
+                changes = await trio.to_thread.run_sync(source.forget, store)
+                await tell(replica, changes)
+        now = trio.current_time()
+        for store, listener in listeners.items():
+            if listener.connected.is_set():
+                unconnected.pop(store, None)
+                said_polling.discard(store)
+                continue
+            since = unconnected.setdefault(store, now)
+            if now - since >= QUIET_SECONDS:
+                if store not in said_polling:
+                    said_polling.add(store)
+                    log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
+                                " looking at the bucket every %.0f s", store, POLL_SECONDS)
+                await _poll(store)
 
     retry = RETRY_FIRST
 

@@ -481,11 +481,17 @@ class Store(TreeChanges):
 
     def compact(self, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
                 workers: int | None = None) -> CompactReport:
-        """Re-cut and encode the bodies not compacted yet (compact.py); one run at a time."""
+        """Re-cut and encode the bodies not compacted yet (compact.py); one run at a time.
+        A run that replaced anything and was not stopped then gives back what it replaced
+        (the old bodies' chunks and the records re-encoded in place: a gc), so that the
+        stored bytes after it are the truth; `report.gc` says what that freed."""
         from .tensors.compact import compact  # imported here: most commands never compact (0.05 s of start-up)
 
         with self._compacting:
-            return compact(self, progress, stop, workers)
+            report = compact(self, progress, stop, workers)
+        if not report.stopped and (report.recut or report.rewritten or report.deltas or report.regrouped):
+            report.gc = self.gc()
+        return report
 
     def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:
         with self.maintenance:  # never beside gc: gc would punch records fsck is reading

@@ -25,6 +25,7 @@ from .pieces import Span, plan
 
 if TYPE_CHECKING:
     from ..parts import BodyReading
+    from ..upkeep.gc import GcReport
 
 BATCH_BYTES = 64 << 20  # bytes read, hashed and encoded per step
 HEAD_BYTES = 64 << 10
@@ -46,6 +47,7 @@ class CompactReport:
     stopped: bool = False  # interrupted before every body was done
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    gc: "GcReport | None" = None  # the gc that gave back what the run replaced (Store.compact)
 
 
 class Retry(Exception):
