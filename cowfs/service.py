@@ -133,7 +133,7 @@ def compact(store: Store, progress: Progress | None = None) -> dict[str, Any]:
             "delta_saved_bytes": r.delta_saved_bytes, "regrouped": r.regrouped, "rewritten": r.rewritten, "stored_bytes_before": before["stored_bytes"],
             "stored_bytes": after["stored_bytes"], "logical_bytes_total": after["logical_bytes"],
             "errors": r.errors, "seconds": round(r.seconds, 3),
-            "gc_chunks_deleted": r.gc.chunks_deleted if r.gc else 0, "gc_bytes_freed": r.gc.bytes_freed if r.gc else 0}
+            "gc_chunks_deleted": r.gc_chunks_deleted, "gc_bytes_freed": r.gc_bytes_freed}
 
 
 def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> dict[str, Any]:

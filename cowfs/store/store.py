@@ -484,13 +484,14 @@ class Store(TreeChanges):
         """Re-cut and encode the bodies not compacted yet (compact.py); one run at a time.
         A run that replaced anything and was not stopped then gives back what it replaced
         (the old bodies' chunks and the records re-encoded in place: a gc), so that the
-        stored bytes after it are the truth; `report.gc` says what that freed."""
+        stored bytes after it are the truth; `report.gc_*` say what that freed."""
         from .tensors.compact import compact  # imported here: most commands never compact (0.05 s of start-up)
 
         with self._compacting:
             report = compact(self, progress, stop, workers)
         if not report.stopped and (report.recut or report.rewritten or report.deltas or report.regrouped):
-            report.gc = self.gc()
+            freed = self.gc()
+            report.gc_chunks_deleted, report.gc_bytes_freed = freed.chunks_deleted, freed.bytes_freed
         return report
 
     def fsck(self, repair: bool = False, progress: Callable[[int, int], None] | None = None) -> FsckReport:

@@ -25,7 +25,6 @@ from .pieces import Span, plan
 
 if TYPE_CHECKING:
     from ..parts import BodyReading
-    from ..upkeep.gc import GcReport
 
 BATCH_BYTES = 64 << 20  # bytes read, hashed and encoded per step
 HEAD_BYTES = 64 << 10
@@ -47,7 +46,8 @@ class CompactReport:
     stopped: bool = False  # interrupted before every body was done
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
-    gc: "GcReport | None" = None  # the gc that gave back what the run replaced (Store.compact)
+    gc_chunks_deleted: int = 0  # the gc that gave back what the run replaced (Store.compact): chunks deleted
+    gc_bytes_freed: int = 0  # and bytes freed on the device
 
 
 class Retry(Exception):
