@@ -113,6 +113,7 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                 wanted = {s: gk for s, gk in wanted.items() if gk[0] > source.held(s)}
                 if not wanted:
                     continue
+                started = trio.current_time()
                 try:
                     changes, failed = await trio.to_thread.run_sync(source.steps, wanted)
                 except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
@@ -128,9 +129,9 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                 if changes is None:
                     continue
                 await tell(replica, changes)
-                log.info("merged %s (%d inodes, %d entries changed)",
+                log.info("merged %s (%d inodes, %d entries changed) in %.3f s",
                          ", ".join(f"store {s} generation {gk[0]}" for s, gk in sorted(wanted.items()) if s not in failed),
-                         len(changes.inos), len(changes.entries))
+                         len(changes.inos), len(changes.entries), trio.current_time() - started)
     finally:
         with trio.CancelScope(shield=True):
             for listener in listeners.values():

@@ -5,6 +5,7 @@ pack by its hash) and the lock that serializes its use by the fetching thread an
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..store.log.log import Location, location
@@ -12,6 +13,8 @@ from .bucket_look import indexed_packs, read_index
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .s3 import Bucket
 from .state import RemoteState
+
+INDEX_THREADS = 8
 
 
 class ConsumerBucket:
@@ -37,9 +40,14 @@ class ConsumerBucket:
         listed = indexed_packs(self.bucket)
         with self.lock:
             self.state.forget_packs(known - listed)
+        new = sorted(listed - known)
+        if len(new) > 1:  # several stores' new packs at once: their indexes are read side by side
+            with ThreadPoolExecutor(min(len(new), INDEX_THREADS), thread_name_prefix="cowfs-index") as pool:
+                indexes = list(pool.map(lambda name: read_index(self.bucket, name), new))
+        else:
+            indexes = [read_index(self.bucket, name) for name in new]
         n = 0
-        for name in sorted(listed - known):
-            idx = read_index(self.bucket, name)
+        for name, idx in zip(new, indexes):
             if idx is None:
                 continue
             with self.lock:

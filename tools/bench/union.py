@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import queue
+import shutil
 import statistics
 import sys
 import tempfile
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--filler", type=int, default=500, help="files per store in the larger-store run (0: skip it)")
     p.add_argument("--dir", default="/var/tmp")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--keep-logs", default=None, metavar="DIR",
+                   help="copy every daemon's log (producers' and the consumer's) here before the work files go")
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="cowfs-bench-union-", dir=args.dir) as tmp:
@@ -138,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             runs = [(n, 0) for n in args.producers] + ([(2, args.filler)] if args.filler else [])
             for n, filler in runs:
                 r = one_run(work, endpoint, n, args.reps, args.file_mib, filler)
+                if args.keep_logs:
+                    keep = Path(args.keep_logs) / f"p{n}-{filler}"
+                    keep.mkdir(parents=True, exist_ok=True)
+                    for log in work.glob(f"*{n}-{filler}*/**/cowfs.log"):
+                        shutil.copy(log, keep / f"{log.parent.name}.log")
                 results.append(r)
                 print(json.dumps(r), flush=True)
     print("\n" + "\n".join(table(results)))
