@@ -338,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Re-cut every file committed since the last compaction: recognised checkpoint "
                        "formats (safetensors, torch.save, .distcp, .npy) into tensor pieces, stored byte-grouped and "
                        "compressed, older pieces as deltas against the next newer piece of the same tensor. Reads return the same "
-                       "bytes; the records it replaces are given back by gc. The daemon also does this when idle.",
+                       "bytes; the records it replaced are given back at the end of the run (a gc). The daemon also does this "
+                       "when idle.",
                        epilog="example: cowfs compact /mnt/ckpt")
     s.add_argument("store", metavar="TARGET", help=TARGET_HELP)
     s.add_argument("--json", action="store_true", help="machine-readable output")

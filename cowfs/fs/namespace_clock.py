@@ -12,12 +12,16 @@ object's generation) at the same interval.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..errors import CowfsError
 from ..remote.config import REMOTE_FILE
 from .operations import CowfsOperations
+
+if TYPE_CHECKING:
+    from ..remote.notices import NoticeListener
 
 log = logging.getLogger("cowfs.remote")
 PEER_LOOK = 3.0  # seconds between listings of the prefix's stores
@@ -33,14 +37,14 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
 
     def modules() -> tuple:  # type: ignore[type-arg]
         from ..remote.catalogs import retained_catalogs
-        from ..remote.notices import NoticeListener
+        from ..remote.notices import NoticeListener, close_all
         from ..remote.tier import tier_of
-        return retained_catalogs, NoticeListener, tier_of
+        return retained_catalogs, NoticeListener, close_all, tier_of
 
-    retained_catalogs, notice_listener, tier_of = await trio.to_thread.run_sync(modules)
+    retained_catalogs, notice_listener, close_all, tier_of = await trio.to_thread.run_sync(modules)
     tier = tier_of(store)
     own = store.config.store_uuid
-    listeners: dict[str, object] = {}
+    listeners: dict[str, NoticeListener] = {}
     url = None
 
     def observe(gen: int) -> None:  # (a listener's thread)
@@ -54,20 +58,18 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
         nonlocal url
         cfg = tier.config
         if cfg is None or cfg.url != url:
-            for listener in listeners.values():
-                listener.close()  # type: ignore[attr-defined]
+            close_all(list(listeners.values()))
             listeners.clear()
             url = None if cfg is None else cfg.url
         if cfg is None:
             return
         bucket = tier.bucket()
-        prefix = bucket.key("stores", "")
-        peers = sorted({o.key[len(prefix):].split("/", 1)[0] for o in bucket.list(prefix)} - {own})
+        peers = [u for u in bucket.subfolders(bucket.key("stores", "")) if u != own]
         for peer in peers:
             listener = listeners.get(peer)
             if listener is None:
                 listener = listeners[peer] = notice_listener(bucket, peer, lambda g, _key: observe(g))
-            if not listener.connected.is_set():  # type: ignore[attr-defined]
+            if not listener.connected.is_set():
                 objects = retained_catalogs(bucket, peer)
                 if objects:
                     observe(objects[-1].generation)
@@ -81,5 +83,4 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
             await trio.sleep(PEER_LOOK)
     finally:
         with trio.CancelScope(shield=True):  # the listeners' threads end before the store closes
-            for listener in listeners.values():
-                await trio.to_thread.run_sync(listener.close)  # type: ignore[attr-defined]
+            await trio.to_thread.run_sync(close_all, list(listeners.values()))

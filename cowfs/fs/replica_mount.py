@@ -23,9 +23,9 @@ import trio
 from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
 from ..remote.config import RemoteConfig
+from ..remote.merge import NAMESPACE_UUID
 from ..remote.notices import NoticeListener
 from ..remote.replica import Replica
-from ..remote.merge import NAMESPACE_UUID
 from ..remote.source import ReplicaSource
 from ..remote.union_source import UnionSource
 from ..store.catalog.db import Catalog

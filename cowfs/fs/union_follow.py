@@ -13,7 +13,7 @@ import math
 import trio
 
 from ..errors import CowfsError
-from ..remote.notices import NoticeListener
+from ..remote.notices import NoticeListener, close_all
 from ..remote.replica import Replica
 from ..remote.union_source import UnionSource
 from .operations import CowfsOperations
@@ -134,5 +134,4 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                          len(changes.inos), len(changes.entries), trio.current_time() - started)
     finally:
         with trio.CancelScope(shield=True):
-            for listener in listeners.values():
-                await trio.to_thread.run_sync(listener.close)
+            await trio.to_thread.run_sync(close_all, list(listeners.values()))

@@ -29,8 +29,7 @@ class ConsumerBucket:
 
     def store_uuids(self) -> list[str]:
         """The stores that uploaded anything under the prefix (`stores/UUID/`), sorted."""
-        prefix = self.bucket.key("stores", "")
-        return sorted({o.key[len(prefix):].split("/", 1)[0] for o in self.bucket.list(prefix)})
+        return self.bucket.subfolders(self.bucket.key("stores", ""))
 
     def learn_indexes(self) -> int:
         """Read the indexes of packs not known yet, and forget packs whose index is gone (a

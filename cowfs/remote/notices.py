@@ -142,7 +142,8 @@ class NoticeListener:
             self._stop.wait(retry)
             retry = min(retry * 2, RETRY_MAX)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Tell the thread to end (it ends at its next wait, or as its connection drops)."""
         self._stop.set()
         sock = self._sock
         if sock is not None:
@@ -150,4 +151,16 @@ class NoticeListener:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def close(self) -> None:
+        self.stop()
         self.thread.join(timeout=10)
+
+
+def close_all(listeners: list[NoticeListener]) -> None:
+    """End many listeners in the time of one: each told first, then each waited for."""
+    for listener in listeners:
+        listener.stop()
+    deadline = time.monotonic() + 10
+    for listener in listeners:
+        listener.thread.join(timeout=max(deadline - time.monotonic(), 0.01))

@@ -271,6 +271,16 @@ class Bucket:
         except (bexc.BotoCoreError, bexc.ClientError) as e:
             raise self._error(e, f"listing {prefix}") from None
 
+    def subfolders(self, prefix: str) -> list[str]:
+        """The names one level below `prefix` (a LIST with the '/' delimiter: its common
+        prefixes, not every object under them), sorted."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.address.bucket, Prefix=prefix,
+                                                                      Delimiter="/")
+        try:
+            return sorted(p["Prefix"][len(prefix):].rstrip("/") for page in pages for p in page.get("CommonPrefixes", []))
+        except (bexc.BotoCoreError, bexc.ClientError) as e:
+            raise self._error(e, f"listing {prefix}") from None
+
     def clock(self) -> float:
         """The engine's time now (its Date header, whole seconds, never ahead of its clock), so
         ages of objects are measured against their LastModified on one clock."""

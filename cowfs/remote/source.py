@@ -64,7 +64,7 @@ class Fetched:
 
 class ReplicaSource:
     """One followed store's catalog files in the cache. `shared`: the consumer's bucket and
-    remote.db when it follows several stores (namespace.py); else its own."""
+    remote.db when it follows several stores (union_source.py); else its own."""
 
     def __init__(self, cache: Path, cfg: RemoteConfig, store_uuid: str | None,
                  shared: ConsumerBucket | None = None) -> None:

@@ -2,8 +2,8 @@
 daemons on this machine, uploading into one prefix): gloo, world size 4, ranks 0 and 2 on
 one node and 1 and 3 on the other. A consumer of every store (`--all-stores`) lists the
 checkpoint as complete only once `.metadata` and every file it names are there, and loads
-it bitwise; a save in which a rank is killed never shows as complete, and the one before
-still loads (docs/design.md section 17, "One namespace for a job")."""
+it bitwise; a save (world size 2, one rank per node) in which a rank is killed never shows
+as complete, and the one before still loads (docs/design.md section 17, "One namespace for a job")."""
 from __future__ import annotations
 
 import json
@@ -32,11 +32,11 @@ def aws_env(rgw, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
 
 
-def run_ranks(tmp_path: Path, nodes: list[Path], step: int, mode: str) -> list[int]:
+def run_ranks(tmp_path: Path, nodes: list[Path], step: int, mode: str, world: int = WORLD) -> list[int]:
     rendezvous = tmp_path / f"rendezvous-{step}-{mode}"
     return ranks.run_ranks("tests.support.dcp_nodes", [
-        [str(r), str(WORLD), str(rendezvous), str(nodes[r % len(nodes)] / "job" / f"step-{step}"), mode]
-        for r in range(WORLD)], quiet=mode == "die")
+        [str(r), str(world), str(rendezvous), str(nodes[r % len(nodes)] / "job" / f"step-{step}"), mode]
+        for r in range(world)], quiet=mode == "die")
 
 
 def complete(cons: Path) -> set[str]:
@@ -76,8 +76,8 @@ def test_a_dcp_save_across_two_nodes_shows_whole_on_a_consumer(tmp_path, rgw, s3
         dcp.load(got, storage_reader=dcp.FileSystemReader(cons / "job" / "step-1"))
         assert same(got, whole_state(1))
 
-        codes = run_ranks(tmp_path, [n0, n1], 2, "die")
-        assert codes[WORLD - 1] == -9 and 0 not in codes, codes  # no rank finished the save
+        codes = run_ranks(tmp_path, [n0, n1], 2, "die", world=2)  # rank 1, on the other node, dies
+        assert codes[1] == -9 and 0 not in codes, codes  # no rank finished the save
         for node in (n0, n1):  # what the live ranks wrote reached the bucket, and so the consumer
             gen = int(json.loads(cowfs("stats", str(node), "--json").stdout)["generations"])
             wait_for("the upload", lambda node=node, gen=gen: int(json.loads(cowfs(

@@ -14,6 +14,7 @@ import pickletools
 import sqlite3
 import stat
 
+from ...errors import CowfsError
 from ..catalog import namespace as ns
 
 MAX_METADATA_BYTES = 256 << 20  # a larger `.metadata` is not read: the checkpoint is taken as whole
@@ -48,6 +49,6 @@ def missing_files(conn: sqlite3.Connection, dir_ino: int, gen: int, names: set[s
             v = ns.version_row(conn, ino, gen)
             if v is None or not stat.S_ISREG(v.mode) or v.size == 0:
                 out.append(name)
-        except Exception:  # noqa: BLE001 - NotFound, NotADirectory, a bad name: not there
+        except CowfsError:  # NotFound, NotADirectory, a bad name: not there
             out.append(name)
     return out
