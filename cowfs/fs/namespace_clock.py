@@ -17,23 +17,20 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..errors import CowfsError
-from ..remote.config import REMOTE_FILE
 from .operations import CowfsOperations
+from .remote_uploads import remote_set
 
 if TYPE_CHECKING:
     from ..remote.notices import NoticeListener
 
 log = logging.getLogger("cowfs.remote")
 PEER_LOOK = 3.0  # seconds between listings of the prefix's stores
-CONFIG_CHECK = 1.0
 
 
 async def follow_peer_clocks(ops: CowfsOperations) -> None:
     store = ops.store
-    while not (store.root / REMOTE_FILE).exists():
-        if ops.handles.unmounting:
-            return
-        await trio.sleep(CONFIG_CHECK)
+    if not await remote_set(ops):
+        return
 
     def modules() -> tuple:  # type: ignore[type-arg]
         from ..remote.catalogs import retained_catalogs

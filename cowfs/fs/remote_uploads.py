@@ -36,13 +36,20 @@ def _remote_modules() -> tuple:  # type: ignore[type-arg]
     return NoticeServer, tier_of
 
 
+async def remote_set(ops: CowfsOperations) -> bool:
+    """Wait until the store has a remote (boto3 costs ~0.2 s of CPU to import: only then);
+    False if the mount ends first."""
+    while not (ops.store.root / REMOTE_FILE).exists():
+        if ops.handles.unmounting:
+            return False
+        await trio.sleep(CONFIG_CHECK)
+    return True
+
+
 async def upload_in_background(ops: CowfsOperations) -> None:
     store = ops.store
-    # boto3 costs ~0.2 s of CPU to import: only once the store has a remote
-    while not (store.root / REMOTE_FILE).exists():
-        if ops.handles.unmounting:
-            return
-        await trio.sleep(CONFIG_CHECK)
+    if not await remote_set(ops):
+        return
     notice_server, tier_of = await trio.to_thread.run_sync(_remote_modules)
     tier = tier_of(store)
     token = trio.lowlevel.current_trio_token()

@@ -1,10 +1,11 @@
 """What a consumer's daemon does once its catalog moved to a newer generation: the kernel
 drops what it caches of the entries and inodes that changed, and `cowfs watch`
 subscribers get the events (remote/changes.py), for one store's replica and for the merged
-tree of every store alike."""
+tree of every store alike; and what it does when a step failed: `Retry`."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pyfuse3
 import trio
@@ -14,6 +15,8 @@ from ..remote.changes import events as watch_events
 from ..remote.replica import Replica
 from ..store.catalog.events import SNAPSHOT, Event
 from .views import LIVE_VIEW, ViewTable
+
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # a failed step is tried again after these (doubling)
 
 
 def events_between(replica: Replica, changes: Changes) -> list[Event]:
@@ -44,3 +47,22 @@ async def tell(replica: Replica, changes: Changes) -> None:
     if replica.events.active:
         events = await trio.to_thread.run_sync(events_between, replica, changes)
         replica.events.publish(events)
+
+
+class Retry:
+    """A step that failed (the bucket unreachable, an engine restarting) is sent into the
+    follower's channel again after 1, 2, 4 ... 30 s: a producer with nothing new sends no
+    other notice, so without this a consumer would stay behind until the next change."""
+
+    def __init__(self, send: trio.MemorySendChannel[Any]) -> None:
+        self.send = send
+        self.delay = RETRY_FIRST
+
+    def succeeded(self) -> None:
+        self.delay = RETRY_FIRST
+
+    async def later(self, *items: Any) -> None:
+        delay, self.delay = self.delay, min(self.delay * 2, RETRY_MAX)
+        await trio.sleep(delay)
+        for item in items:
+            self.send.send_nowait(item)

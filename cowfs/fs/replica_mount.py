@@ -33,7 +33,7 @@ from .heap import keep_freed_memory
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
-from .replica_changes import tell
+from .replica_changes import Retry, tell
 from .union_follow import follow_union
 
 log = logging.getLogger("cowfs.replica")
@@ -41,7 +41,8 @@ DEFAULT_CACHE_SIZE = 10 << 30
 
 
 async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
-    """Apply each notice of a newer generation, oldest first; stale ones are skipped."""
+    """Apply each notice of a newer generation, oldest first; stale ones are skipped, failed
+    ones tried again (replica_changes.Retry)."""
     replica: Replica = ops.store  # type: ignore[assignment]
     send, recv = trio.open_memory_channel[tuple[int, str]](math.inf)
     token = trio.lowlevel.current_trio_token()
@@ -53,19 +54,21 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
             pass
 
     listener = NoticeListener(source.bucket, source.store_uuid, on_notice)
+    retry = Retry(send)
     try:
-        async for g, key in recv:
-            if g <= gen:
-                continue
-            try:
-                await _apply(replica, source, gen, g, key)
-            except CowfsError as e:
-                log.warning("generation %d not applied: %s", g, e)
-                continue
-            except Exception:  # noqa: BLE001 - the mount goes on serving what it has; the next notice tries again
-                log.exception("generation %d not applied", g)
-                continue
-            gen = g
+        async with trio.open_nursery() as nursery:
+            async for g, key in recv:
+                if g <= gen:
+                    continue
+                try:
+                    await _apply(replica, source, gen, g, key)
+                except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
+                    log.warning("generation %d not applied (tried again): %s", g, e,
+                                exc_info=not isinstance(e, CowfsError))
+                    nursery.start_soon(retry.later, (g, key))
+                    continue
+                retry.succeeded()
+                gen = g
     finally:
         await trio.to_thread.run_sync(listener.close)
 

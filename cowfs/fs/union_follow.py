@@ -17,13 +17,12 @@ from ..remote.notices import NoticeListener, close_all
 from ..remote.replica import Replica
 from ..remote.union_source import UnionSource
 from .operations import CowfsOperations
-from .replica_changes import tell
+from .replica_changes import Retry, tell
 
 log = logging.getLogger("cowfs.replica")
 DISCOVER_SECONDS = 2.0  # how often the prefix is listed for new stores (no notice tells of a store's birth)
 POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in the bucket
 QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
-RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # a failed step is tried again after these (doubling)
 
 
 async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
@@ -82,16 +81,7 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                                 " looking at the bucket every %.0f s", store, POLL_SECONDS)
                 await _poll(store)
 
-    retry = RETRY_FIRST
-
-    async def again(items: dict[str, tuple[int, str]]) -> None:
-        """A step that failed (the bucket unreachable, an engine restarting) is tried again
-        after 1, 2, 4 ... 30 s: a producer that has nothing new sends no other notice."""
-        nonlocal retry
-        delay, retry = retry, min(retry * 2, RETRY_MAX)
-        await trio.sleep(delay)
-        for store, (g, key) in items.items():
-            send.send_nowait((store, g, key))
+    retry = Retry(send)
 
     async def _poll(store: str) -> None:
         newest = await trio.to_thread.run_sync(source.newest, store)
@@ -119,13 +109,14 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                 except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
                     log.warning("generations %s not merged (tried again): %s", wanted, e,
                                 exc_info=not isinstance(e, CowfsError))
-                    nursery.start_soon(again, wanted)
+                    nursery.start_soon(retry.later, *((st, *gk) for st, gk in wanted.items()))
                     continue
                 for s, e in failed.items():
                     log.warning("store %s generation %d not applied (tried again): %s", s, wanted[s][0], e)
                 if failed:
-                    nursery.start_soon(again, {s: wanted[s] for s in failed})
-                retry = RETRY_FIRST if not failed else retry
+                    nursery.start_soon(retry.later, *((st, *wanted[st]) for st in failed))
+                else:
+                    retry.succeeded()
                 if changes is None:
                     continue
                 await tell(replica, changes)

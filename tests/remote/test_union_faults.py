@@ -7,22 +7,18 @@ the engine answers again, everything converges."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from cowfs.mountinfo import mounted_cowfs, process_alive
 from cowfs.remote.config import read_remote_config
 from cowfs.remote.s3 import Bucket
 from tests.support.consumerutil import Consumer, has_bytes, wait_for
-from tests.support.mountutil import cowfs, daemon_pid, force_unmount, kill9, mounted
+from tests.support.mountutil import cowfs, kill9, mounted, reaped
 from tests.support.netns import IsolatedNet
 from tests.support.storeutil import assert_clean, data, new_store
 
@@ -119,18 +115,8 @@ def mounted_inside(net: IsolatedNet, store: Path, mnt: Path) -> Iterator[Path]:
     mnt.mkdir(exist_ok=True)
     subprocess.run(net.command(sys.executable, "-m", "cowfs.cli", "mount", str(store), str(mnt),
                                "--compact-idle", "off"), check=True, capture_output=True, timeout=120)
-    pid = daemon_pid(store)
-    try:
+    with reaped(store, mnt):
         yield mnt
-    finally:
-        if str(mnt) in mounted_cowfs() and cowfs("umount", str(mnt), check=False).returncode != 0:
-            force_unmount(mnt)
-        deadline = time.monotonic() + 30
-        while process_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if process_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            force_unmount(mnt)
 
 
 def test_a_producer_cut_off_from_the_engine(tmp_path, rgw, s3_bucket):

@@ -58,9 +58,17 @@ def mounted(store: Path, mnt: Path, *extra: str) -> Iterator[Path]:
     if not any(a.startswith("--compact-idle") for a in extra):  # tests that count stored bytes
         extra = (*extra, "--compact-idle", "off")            # must not see a compaction midway
     cowfs("mount", str(store), str(mnt), *extra)
+    with reaped(store, mnt):
+        yield mnt
+
+
+@contextlib.contextmanager
+def reaped(store: Path, mnt: Path) -> Iterator[None]:
+    """For the body: `store` is mounted on `mnt` by a daemon already started; afterwards it
+    is unmounted and its daemon waited for (killed after 30 s), however the body ends."""
     pid = daemon_pid(store)
     try:
-        yield mnt
+        yield
     finally:
         if str(mnt) in mounted_cowfs():
             r = cowfs("umount", str(mnt), check=False)
@@ -84,7 +92,7 @@ def kill9(store: Path, mnt: Path) -> None:
     force_unmount(mnt)
 
 
-__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "force_unmount", "daemon_pid", "store_path"]
+__all__ = ["assert_clean", "cowfs", "kill9", "mounted", "reaped", "force_unmount", "daemon_pid", "store_path"]
 
 
 @contextlib.contextmanager
