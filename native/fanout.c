@@ -1,5 +1,6 @@
 /* fanout.h: one call's parts on threads started for it (pthread_create costs tens of
  * microseconds, against milliseconds of work per part of a multi-MiB batch). */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
 
@@ -14,6 +15,7 @@ typedef struct {
 static void *fanout_run(void *arg)
 {
     fanout_task *t = arg;
+    pthread_setname_np(pthread_self(), "cowfs-fanout");
     t->fn(t->job, t->part, t->parts);
     return NULL;
 }

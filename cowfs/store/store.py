@@ -13,7 +13,6 @@ import shutil
 import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -29,7 +28,7 @@ from .catalog.history import VersionInfo
 from .catalog.namespace import Attr
 from .catalog.schema import KIND_FILE
 from .catalog.snapshots import Snapshot
-from .data.batch_threads import BatchThreads
+from .data.batch_threads import BatchThreads, named_pool
 from .data.commit import commit_version, version_events
 from .data.content import Extent, VersionId, load_extents
 from .data.holds import Holds
@@ -95,11 +94,11 @@ class Store(TreeChanges):
         self.capabilities_stored = True
         # threads for per-byte work, each pool: one per CPU unless told (cowfs mount --workers)
         self.workers = workers or os.cpu_count() or 2
-        self.executor = ThreadPoolExecutor(max_workers=chunk_workers or self.workers, thread_name_prefix="cowfs-chunk")
+        self.executor = named_pool("cowfs-chunk", chunk_workers or self.workers)
         # a write batch's native calls run on the cores the batches running at once leave idle
         self.batch_threads = BatchThreads(self.workers)
         # reads ahead for sequential readers (FileReader), so a window is read while the last is served
-        self.readahead = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cowfs-readahead")
+        self.readahead = named_pool("cowfs-readahead", self.workers)
         self.window_buffers = window_pool(WINDOW_BUFFER, keep=8)  # reused read windows (reader.py)
         self._sessions: dict[int, WriteSession] = {}
         self.holds = Holds()  # what open readers and sessions use (holds.py)

@@ -5,6 +5,7 @@ without a mount, that its stream workers fail loudly when a file reads back wron
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from tools.bench.scaling import Streams, Window
 from tools.bench.scalingreport import (GIB, MIB, options_from_args, parse_size, parse_streams, section, spread,
-                                       summarize, table, targets)
+                                       summarize, table, targets, thread_table)
 
 
 def _run(part: str, s: int, rep: int, arm: str, gbps: float, daemon_s_per_gib: float | None = None,
@@ -171,3 +172,59 @@ def test_streams_fail_loudly_on_wrong_bytes(tmp_path: Path) -> None:
             f.write(bytes([byte[0] ^ 1]))
         with pytest.raises(RuntimeError, match=r"stream 1 read back 2097152 bytes of .*b\.bin with SHA-256"):
             streams.read(paths, again, Window(None))
+
+
+def test_thread_table_per_name_and_busiest() -> None:
+    runs = [dict(_run("write", 1, rep, "cowfs", 1.0, 2.0), daemon_threads={"main": 0.5 + rep, "cowfs-chunk": 1.0},
+                 busiest_thread=("main", 0.4 + 0.5 * rep)) for rep in (0, 1)]
+    runs.append(_run("write", 1, 0, "plain", 5.0))
+    lines = thread_table(runs)
+    assert lines[2] == "| part | S | main | cowfs-chunk | busiest |"
+    assert lines[4] == "| write | 1 | 1.00 | 1.00 | main 0.90 |"
+    assert thread_table([_run("write", 1, 0, "cowfs", 1.0, 2.0)]) == []
+
+
+def test_thread_cpu_of_a_live_process_by_name() -> None:
+    """This process's threads: the main thread by that name, a named thread's CPU under its name
+    without its digits, and what a thread that ended in between used counted as "exited"."""
+    import os
+    import threading
+
+    from cowfs import _native
+    from tools.bench.mounting import cpu_seconds, thread_cpu_delta, thread_cpu_seconds
+
+    tids: dict[str, int] = {}
+
+    def spin(name: str, stop: threading.Event, spun: threading.Event) -> None:
+        tids[name] = threading.get_native_id()
+        _native.name_thread(name)
+        t = time.thread_time()
+        while time.thread_time() - t < 0.2:
+            pass
+        spun.set()
+        stop.wait()
+
+    pid = os.getpid()
+    before, total0 = thread_cpu_seconds(pid), cpu_seconds(pid)
+    assert before[pid][0] == "main"
+    stop, live_spun, gone_spun = threading.Event(), threading.Event(), threading.Event()
+    live = threading.Thread(target=spin, args=("bench-live7", stop, live_spun))
+    gone_stop = threading.Event()
+    gone = threading.Thread(target=spin, args=("bench-gone", gone_stop, gone_spun))
+    live.start()
+    gone.start()
+    assert live_spun.wait(30) and gone_spun.wait(30)
+    gone_stop.set()
+    gone.join()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}/task/{tids['bench-gone']}"):  # the OS thread ends just after join
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        after = thread_cpu_seconds(pid)
+        per = thread_cpu_delta(before, after, cpu_seconds(pid) - total0)
+    finally:
+        stop.set()
+        live.join()
+    assert per["bench-live"] >= 0.15  # the digits dropped from the name
+    assert "bench-gone" not in per and per["exited"] >= 0.15

@@ -37,6 +37,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """{tid: (name, utime + stime)} of every live thread of `pid`; the main thread is named
+    "main", and digits are dropped from names ("Trio thread 12" -> "Trio thread"), so that a
+    pool's threads add up under one name. A thread that exits between two calls is missing
+    from the second (its CPU only shows in cpu_seconds)."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread exited
+            continue
+        name_part, rest = stat.rsplit(")", 1)
+        tid = int(entry)
+        name = "main" if tid == pid else "".join(c for c in name_part.split("(", 1)[1] if not c.isdigit()).strip()
+        fields = rest.split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return out
+
+
+def thread_cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                     total_s: float) -> dict[str, float]:
+    """CPU seconds per thread name between two thread_cpu_seconds samples; "exited" is what
+    the process used beyond the threads alive at the end (threads that ran and ended between)."""
+    per: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        per[name] = per.get(name, 0.0) + cpu - before.get(tid, (name, 0.0))[1]
+    per["exited"] = max(0.0, total_s - sum(per.values()))
+    return {k: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
+
+
 def spilled_bytes(pid: int) -> int:
     """Bytes in the daemon's open overlay spill files (unlinked STORE/tmp/spill-*): what a write
     session received out of order and will chunk only at commit (docs/design.md, "Freeze")."""

@@ -13,7 +13,9 @@ a Ceph RGW started on 127.0.0.1; tools/bench/remote.py, also `make bench-remote`
 (issue 33: 1 to 16 streams of writes and cold reads, torch.save and torch.load, through one mount
 against a plain directory, with the daemon's CPU per GiB; --tmpfs for RAM-backed figures;
 tools/bench/scaling.py), plugins (issue 34: background cowfs.save, cowfs.load, cowfs.dcp against
-torch.save, torch.load and DCP's FileSystemWriter/Reader on the disk; tools/bench/plugins.py). `--only
+torch.save, torch.load and DCP's FileSystemWriter/Reader on the disk; tools/bench/plugins.py), dcp-ranks
+(issue 34: dcp.save, async_save and dcp.load by R gloo ranks through cowfs.dcp, FileSystemWriter through the
+mount and into a plain directory; tools/bench/dcp_ranks.py; --tmpfs as for scaling). `--only
 compaction` also runs the series frozen-backbone and sparse-embedding, which the issue-14
 targets name, unless --workloads says otherwise.
 Everything (stores, mounts, baseline directories) lives in one temporary directory
@@ -37,9 +39,10 @@ from typing import Any
 
 import torch
 
-from . import compactreport, datapathreport, extras, report, scalingreport
+from . import compactreport, datapathreport, dcpreport, extras, report, scalingreport
 from .compaction import run_compaction
 from .datapath import run_datapath
+from .dcp_ranks import run_dcp_ranks
 from .plugins import report as plugins_report
 from .plugins import run_plugins
 from .docs import COMPACTION, DATAPATH, DOCS, REPO, update_docs
@@ -49,7 +52,7 @@ from .series import run_series
 from .workloads import WORKLOADS, Scale
 
 
-PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote", "scaling", "plugins")
+PARTS = ("series", "snapshot", "writeback", "compaction", "datapath", "remote", "scaling", "plugins", "dcp-ranks")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,6 +93,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "stream count and the torch file need, with room)")
     sc.add_argument("--budget-s", type=float, default=None, help="start no new rep or stream count once the part "
                     "has run this many seconds (default: no limit); the report says what was skipped")
+    dr = p.add_argument_group("the dcp-ranks part (issue 34; --tmpfs and --workers as for scaling)")
+    dr.add_argument("--dcp-ranks", type=int, default=8, help="ranks (processes of one gloo group; default 8)")
+    dr.add_argument("--dcp-gib", type=float, default=None, help="GiB of the whole state dict (default 1, 8 with --full)")
+    dr.add_argument("--dcp-reps", type=int, default=2, help="reps (default 2)")
     p.add_argument("--update-docs", action="store_true",
                    help="put the tables into docs/benchmarks.md (the issue-6 section and docs/bench.png only after a run of "
                    "every part and workload; the compaction section after a run with the compaction part)")
@@ -207,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 shutil.rmtree(work / "plugins", ignore_errors=True)
             print(plugins_report(results["plugins"]), flush=True)
+        if "dcp-ranks" in parts:
+            gib = args.dcp_gib or (8.0 if args.full else 1.0)
+            log(f"dcp-ranks (issue 34): {args.dcp_ranks} ranks, {gib:g} GiB, {args.dcp_reps} reps"
+                + (" on a tmpfs" if args.tmpfs else ""))
+            results["dcp_ranks"] = run_dcp_ranks(work / "dcp-ranks", args.dcp_ranks, gib, args.dcp_reps, args.tmpfs,
+                                                 args.workers, log)
+            print(dcpreport.report(results["dcp_ranks"]), flush=True)
         if args.snapshot_files and "snapshot" in parts:
             log(f"snapshot creation with {args.snapshot_files} files")
             try:
@@ -236,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     c_md = compactreport.section(results)
     d_md = datapathreport.section(results)
     s_md = scalingreport.section(results)
+    r_md = dcpreport.report(results["dcp_ranks"]) if results.get("dcp_ranks") else "(the dcp-ranks part did not run)\n"
     stem = f"bench-{results['mode']}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / f"{stem}.md").write_text(f"Command: `{command}`\n\n{md}\n### Compaction (issue 14)\n\n{c_md}"
-                                        f"\n### Data path (issue 15)\n\n{d_md}\n### Scaling (issue 33)\n\n{s_md}")
+                                        f"\n### Data path (issue 15)\n\n{d_md}\n### Scaling (issue 33)\n\n{s_md}"
+                                        f"\n### DCP by ranks (issue 34)\n\n{r_md}")
     png: Path | None = out_dir / f"{stem}.png"
     if not results["series"] or not report.plot(results, png):  # type: ignore[arg-type]
         if results["series"]:

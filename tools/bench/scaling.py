@@ -143,14 +143,17 @@ class Window:
     """A timed window: wall seconds, machine busy CPU seconds, the daemon's CPU seconds."""
 
     def __init__(self, daemon_pid: int | None) -> None:
-        from .mounting import cpu_seconds  # the daemon's utime + stime, from /proc/PID/stat
+        from .mounting import cpu_seconds, thread_cpu_seconds  # the daemon's utime + stime, from /proc
 
-        self._cpu = cpu_seconds
+        self._cpu, self._threads = cpu_seconds, thread_cpu_seconds
         self.pid = daemon_pid
         self.wall_s = self.busy_s = 0.0
         self.daemon_s: float | None = None
+        self.daemon_threads: dict[str, float] | None = None  # CPU s per thread name
+        self.busiest_thread: tuple[str, float] | None = None  # (name, its CPU s / wall s)
 
     def __enter__(self) -> "Window":
+        self._t0_threads = self._threads(self.pid) if self.pid else None
         self._d0 = self._cpu(self.pid) if self.pid else None
         self._b0 = machine_busy_s()
         self._t0 = time.perf_counter()
@@ -160,7 +163,16 @@ class Window:
         self.wall_s = time.perf_counter() - self._t0
         self.busy_s = machine_busy_s() - self._b0
         if self.pid and self._d0 is not None:
+            from .mounting import thread_cpu_delta
+
             self.daemon_s = self._cpu(self.pid) - self._d0
+            assert self._t0_threads is not None
+            after = self._threads(self.pid)
+            self.daemon_threads = thread_cpu_delta(self._t0_threads, after, self.daemon_s)
+            # the busiest single thread: a thread near 1.0 of the wall time bounds the run
+            busiest = max(((cpu - self._t0_threads.get(tid, (name, 0.0))[1], name) for tid, (name, cpu) in after.items()),
+                          default=(0.0, "-"))
+            self.busiest_thread = (busiest[1], round(busiest[0] / self.wall_s, 3) if self.wall_s else 0.0)
 
 
 class Streams:
@@ -313,7 +325,8 @@ class _Part:
 
     def record(self, part: str, s: int, rep: int, arm: str, nbytes: int, w: Window) -> dict[str, Any]:
         run = {"part": part, "S": s, "rep": rep, "arm": arm, "bytes": nbytes, "wall_s": w.wall_s,
-               "busy_cpu_s": w.busy_s, "daemon_cpu_s": w.daemon_s}
+               "busy_cpu_s": w.busy_s, "daemon_cpu_s": w.daemon_s, "daemon_threads": w.daemon_threads,
+               "busiest_thread": w.busiest_thread}
         self.runs.append(run)
         return run
 

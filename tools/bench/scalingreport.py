@@ -208,6 +208,32 @@ def table(rows: list[dict[str, Any]], part: str) -> list[str]:
     return lines
 
 
+def thread_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Where the daemon's CPU went: per part and S, the CPU seconds per GiB of each thread name
+    (median over the cowfs reps; the names that used the most first), and the busiest single
+    thread's CPU over the wall time (near 1.0: that thread bounds the run)."""
+    mine = [r for r in runs if r["arm"] == "cowfs" and r.get("daemon_threads")]
+    if not mine:
+        return []
+    totals: dict[str, float] = {}
+    for r in mine:
+        for name, cpu in r["daemon_threads"].items():
+            totals[name] = totals.get(name, 0.0) + cpu / (r["bytes"] / GIB)
+    names = sorted(totals, key=lambda n: -totals[n])
+    lines = ["**daemon threads**: CPU s per GiB per thread name (median over reps); busiest = one thread's "
+             "CPU / wall time, the most of any thread (near 1.0: it bounds the run)", "",
+             "| part | S | " + " | ".join(names) + " | busiest |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    keys = sorted({(r["part"], r["S"]) for r in mine}, key=lambda k: (PARTS.index(k[0]), k[1]))
+    for part, s in keys:
+        rs = [r for r in mine if (r["part"], r["S"]) == (part, s)]
+        cells = [f"{med([r['daemon_threads'].get(n, 0.0) / (r['bytes'] / GIB) for r in rs]):.2f}" for n in names]
+        busiest = [r["busiest_thread"] for r in rs if r.get("busiest_thread")]
+        top = max(busiest, key=lambda b: b[1]) if busiest else ("-", 0.0)
+        lines.append(f"| {part} | {s} | " + " | ".join(cells) + f" | {top[0]} {top[1]:.2f} |")
+    return lines
+
+
 def markdown(sc: dict[str, Any], rows: list[dict[str, Any]], tgts: list[dict[str, Any]]) -> str:
     if not sc.get("torch_gib"):
         torch_note = "torch: skipped (--torch-gib 0)"
@@ -228,6 +254,9 @@ def markdown(sc: dict[str, Any], rows: list[dict[str, Any]], tgts: list[dict[str
     for part in PARTS:
         if any(r["part"] == part for r in rows):
             lines += [*table(rows, part), ""]
+    threads = thread_table(sc["runs"])
+    if threads:
+        lines += [*threads, ""]
     lines += ["#### Issue-33 targets (against this run)", "", *target_lines(tgts), ""]
     return "\n".join(lines)
 

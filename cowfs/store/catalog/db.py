@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from ... import _native
 from ...errors import CorruptCatalog, NoSpace, StoreError
 from .schema import KIND_DIR, LIVE, ROOT_INO, SCHEMA, SCHEMA_VERSION
 
@@ -253,6 +254,7 @@ class Catalog:
     # -- writer thread ------------------------------------------------------
 
     def _run(self) -> None:
+        _native.name_thread("cowfs-catalog")
         pending: list[Any] = []  # an item taken while gathering a group, to be run next
         while True:
             item = pending.pop() if pending else self._queue.get()

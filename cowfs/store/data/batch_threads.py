@@ -1,9 +1,13 @@
-"""`BatchThreads`: how many threads one write batch's native calls may use."""
+"""`BatchThreads`: how many threads one write batch's native calls may use; `named_pool`: a
+pool whose OS threads carry its name (per-thread CPU in /proc says which pool used it)."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
+
+from ... import _native
 
 MOST = 8  # threads per batch at most: past this the batch's one-thread parts (picking cuts, Python) dominate
 
@@ -37,3 +41,9 @@ class BatchThreads:
     @property
     def running(self) -> int:
         return self._running
+
+
+def named_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """A ThreadPoolExecutor whose threads are named `name` for the OS too (at most 15 bytes)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=_native.name_thread,
+                              initargs=(name,))
