@@ -37,7 +37,7 @@ setup(
     ext_modules=[
         Extension(
             "cowfs._native",
-            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", "native/cdc.c", "native/fanout.c",
+            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", "native/cdc.c", "native/fanout.c", "native/osutil.c",
              *blake3_sources],
             include_dirs=["native/blake3"],
             define_macros=blake3_macros,

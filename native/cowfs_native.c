@@ -12,12 +12,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <linux/falloc.h>
 #include <isa-l/crc.h>
 
 #include "blake3_batch.h"
 #include "dataplane.h"
+#include "osutil.h"
 
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03
@@ -428,24 +428,6 @@ static PyObject *crc32_mismatch(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(bad);
 }
 
-PyDoc_STRVAR(name_thread_doc,
-"name_thread(name) -> None\n\n"
-"Give the calling OS thread a name (prctl PR_SET_NAME; at most 15 bytes are kept), so\n"
-"that per-thread CPU in /proc/PID/task/*/comm says which pool used it.");
-
-static PyObject *name_thread(PyObject *self, PyObject *args)
-{
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s:name_thread", &name))
-        return NULL;
-    char shortname[16];
-    strncpy(shortname, name, sizeof shortname - 1);
-    shortname[sizeof shortname - 1] = 0;
-    if (prctl(PR_SET_NAME, shortname, 0, 0, 0) != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef native_methods[] = {
     {"crc32", crc32_py, METH_VARARGS, crc32_doc},
     {"crc32_mismatch", crc32_mismatch, METH_VARARGS, crc32_mismatch_doc},
@@ -458,7 +440,10 @@ static PyMethodDef native_methods[] = {
     {"map_sync_supported", map_sync_supported, METH_VARARGS,
      map_sync_supported_doc},
     {"punch_hole", punch_hole, METH_VARARGS, punch_hole_doc},
-    {"name_thread", name_thread, METH_VARARGS, name_thread_doc},
+    /* osutil.c */
+    {"name_thread", name_thread, METH_VARARGS, NAME_THREAD_DOC},
+    {"uninit_bytearray", uninit_bytearray, METH_VARARGS, UNINIT_BYTEARRAY_DOC},
+    {"populate", populate, METH_VARARGS, POPULATE_DOC},
     /* blake3_batch.c */
     {"blake3_many", cowfs_blake3_many, METH_VARARGS, cowfs_blake3_many_doc},
     /* dataplane.c */
@@ -471,7 +456,8 @@ static PyMethodDef native_methods[] = {
 PyDoc_STRVAR(module_doc,
 "Native helpers for cowfs: cache-line write-back for memory-mapped files\n"
 "(persist, cpu_flush_instruction), MAP_SYNC detection for DAX files\n"
-"(map_sync_supported), hole punching (punch_hole), thread names (name_thread), and for the read path a\n"
+"(map_sync_supported), hole punching (punch_hole), thread names (name_thread), buffers made without the GIL\n"
+"(uninit_bytearray, populate), and for the read path a\n"
 "check that no view still refers to a bytearray (bytearray_exported), and the\n"
 "element-wise deltas of the checkpoint codecs (sub_zigzag, add_unzigzag), and the\n"
 "payload CRC32s by ISA-L (crc32) and the read-time check of a window's payloads\n"

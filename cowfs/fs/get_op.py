@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .. import _native
 from ..errors import CorruptData, CowfsError
 from .bulk_target import target_file
 
@@ -53,9 +54,11 @@ def _fill_memfd(reader: "FileReader") -> int:
 
 
 def _read_into_memfd(reader: "FileReader", memfd: int, size: int) -> None:
-    # MAP_POPULATE: the memfd's pages made and mapped in one go, not one fault at a time
-    mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    # the memfd's pages made and mapped in one go, not one fault at a time; by populate,
+    # which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
+    mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
     view = memoryview(mapping)
+    _native.populate(view, True)
     try:
         reader.read_into(view)
         failure = None

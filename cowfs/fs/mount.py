@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pyfuse3
 import trio
@@ -187,6 +187,25 @@ def _hint_pipe_size() -> None:
                  "`sysctl fs.pipe-max-size=%d` makes them cheaper (docs/benchmarks.md)", size, SPLICE_PIPE)
 
 
+GIL_SWITCH_ENV = "COWFS_GIL_SWITCH_MS"
+
+
+def gil_switch_interval(environ: Mapping[str, str]) -> float | None:
+    """The daemon's GIL switch interval in seconds from COWFS_GIL_SWITCH_MS (None: Python's
+    own, 5 ms). A thread that waits for the GIL asks its holder to drop it after this long;
+    the FUSE thread waits for it behind the threads that run Python between native calls."""
+    text = environ.get(GIL_SWITCH_ENV)
+    if text is None:
+        return None
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0.01 <= ms <= 100:
+        raise MountError(f"{GIL_SWITCH_ENV}={text!r}: want milliseconds between 0.01 and 100")
+    return ms / 1000
+
+
 # a store's daemon: 1 MiB WRITE buffers freed a batch (8 MiB) at a time stay mapped; page
 # faults per GiB written 145,000 with glibc's adaptive thresholds, 16,500 with these
 # (docs/benchmarks.md, issue 33; tests/engine/test_malloc_thresholds.py)
@@ -203,6 +222,9 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
+    switch = gil_switch_interval(os.environ)
+    if switch is not None:
+        sys.setswitchinterval(switch)
     store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
     try:
         _setup_logging(store.root, foreground, debug)
@@ -245,6 +267,7 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
         raise MountError(f"--workers must be between 1 and {MAX_WORKERS}")
     if snapshot_on not in (None, SNAPSHOT_ON_CHECKPOINT):
         raise MountError(f"--snapshot-on: unknown {snapshot_on!r} (only {SNAPSHOT_ON_CHECKPOINT!r})")
+    gil_switch_interval(os.environ)  # a bad value is said here, before the daemon starts
     check_mount_inputs(store_path, mnt)
 
     def run(ready_fd: int | None) -> object:

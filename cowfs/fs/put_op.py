@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyfuse3
 import trio
 
+from .. import _native
 from ..errors import CowfsError
 from .bulk_messages import receive
 from .bulk_target import target_file
@@ -56,11 +57,13 @@ class _PartsWriter:
     def write(self, memfd: int, size: int) -> None:
         if not size:
             return
-        # MAP_POPULATE: the pages mapped in one go, not faulted in one by one by the gear loop
-        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+        # the pages mapped in one go, not faulted in one by one by the gear loop; by
+        # populate, which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
+        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         self._mappings.append(mapping)
         view = memoryview(mapping)
         self._views.append(view)
+        _native.populate(view)
         for off in range(0, size, PUT_PIECE):
             self.session.write(self.size + off, view[off:off + PUT_PIECE], borrow=True)
         self.size += size

@@ -1,6 +1,8 @@
 """`ChunkWriter`: a write session's chunks pinned, deduplicated and appended to the log."""
 from __future__ import annotations
 
+from itertools import accumulate
+
 from ... import _native
 from ..log.log import Location, Log
 from ..log.records import record_span
@@ -31,13 +33,14 @@ class ChunkWriter:
         sizes = batch.sizes()
         known = self._index.pin(hashes)
         self.pins.extend(hashes)
+        locations = self.locations
         for h, loc in known.items():
-            self.locations.setdefault(h, loc)
+            locations.setdefault(h, loc)
         picks = bytearray(n)
         todo: list[int] = []
         queued: set[bytes] = set()
         for i, h in enumerate(hashes):
-            if h not in self.locations and h not in queued:
+            if h not in locations and h not in queued:
                 picks[i] = 1
                 todo.append(i)
                 queued.add(h)
@@ -47,17 +50,12 @@ class ChunkWriter:
                 _native.stage_records(batch.pieces, batch.lengths, batch.ids, picks, threads, staged)
                 # append and register under gc_lock: gc never sees a record that is written but not yet known
                 with self._index.gc_lock:
-                    for i, loc in zip(todo, self._log.append_staged(staged, new_sizes)):
-                        self._index.add_location(hashes[i], loc)
-                        self.locations[hashes[i]] = loc
+                    located = list(zip([hashes[i] for i in todo], self._log.append_staged(staged, new_sizes)))
+                    self._index.add_locations(located)
+            locations.update(located)
             self.new_bytes += sum(new_sizes)
-        out = []
-        offset = batch.start
-        locations = self.locations
-        for h, size in zip(hashes, sizes):
-            out.append(Extent(offset, size, h, locations[h]))
-            offset += size
-        return out
+        offsets = accumulate(sizes[:-1], initial=batch.start)
+        return [Extent(off, size, h, locations[h]) for off, size, h in zip(offsets, sizes, hashes)]
 
     def release(self) -> None:
         self._index.unpin(self.pins)

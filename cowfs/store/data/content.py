@@ -5,15 +5,16 @@ import bisect
 import sqlite3
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ...errors import CorruptData
 from ..log.log import Location, location
 
 
-@dataclass(frozen=True)
-class Extent:
-    """`length` bytes at `offset`: a whole chunk (`chunk` is its BLAKE3 id) or a hole (chunk None)."""
+class Extent(NamedTuple):
+    """`length` bytes at `offset`: a whole chunk (`chunk` is its BLAKE3 id) or a hole (chunk None).
+    A NamedTuple, not a frozen dataclass: made once per chunk on the write and read paths, with
+    the GIL held, and a frozen dataclass's __init__ costs several times a tuple's."""
 
     offset: int
     length: int

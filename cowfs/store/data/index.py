@@ -8,16 +8,21 @@ commits, and a chunk appended but not yet committed is never punched.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 from ..catalog.db import Catalog
 from ..log.log import LOCATION_COLS, Location, location
 
 
-@dataclass
 class InflightChunk:
-    pins: int = 0
-    locations: list[Location] = field(default_factory=list)
+    """A chunk pinned by write sessions, and where records of it were appended. A plain
+    slotted class: one is made per new chunk with the GIL held (a dataclass with a default
+    factory costs several times as much)."""
+
+    __slots__ = ("pins", "locations")
+
+    def __init__(self) -> None:
+        self.pins = 0
+        self.locations: list[Location] = []
 
 
 class ChunkIndex:
@@ -52,6 +57,16 @@ class ChunkIndex:
         with self._lock:
             entry = self._inflight.setdefault(h, InflightChunk())
             entry.locations.append(loc)
+
+    def add_locations(self, located: list[tuple[bytes, Location]]) -> None:
+        """add_location for each (hash, location), under one lock."""
+        with self._lock:
+            inflight = self._inflight
+            for h, loc in located:
+                entry = inflight.get(h)
+                if entry is None:
+                    entry = inflight[h] = InflightChunk()
+                entry.locations.append(loc)
 
     def unpin(self, hashes: list[bytes]) -> None:
         with self._lock:

@@ -64,5 +64,6 @@ def staging_pool(size: int, keep: int) -> BufferPool[mmap.mmap]:
 
 def window_pool(size: int, keep: int) -> BufferPool[bytearray]:
     """bytearrays that come back only when no view of them is left: a reply the FUSE layer is
-    still sending holds a slice of its window."""
-    return BufferPool(size, keep, bytearray, reusable=lambda b: not _native.bytearray_exported(b))
+    still sending holds a slice of its window. A new one is not zeroed (`bytearray(n)` would
+    zero it with the GIL held): its pages fault in as the read fills it, outside the GIL."""
+    return BufferPool(size, keep, _native.uninit_bytearray, reusable=lambda b: not _native.bytearray_exported(b))

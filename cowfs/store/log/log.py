@@ -15,9 +15,8 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import blake3
 
@@ -41,9 +40,9 @@ from .records import (
 )
 
 
-@dataclass(frozen=True)
-class Location:
-    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py)."""
+class Location(NamedTuple):
+    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py). A
+    NamedTuple: made once per chunk with the GIL held (see content.Extent)."""
 
     seg_id: int
     offset: int
