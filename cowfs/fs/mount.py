@@ -188,15 +188,19 @@ def _hint_pipe_size() -> None:
 
 
 GIL_SWITCH_ENV = "COWFS_GIL_SWITCH_MS"
+# 1 ms, not Python's 5: 16 writers on the 16-core machine 0.97 GB/s against 0.79 (one rep
+# each, the same run; docs/benchmarks.md, "The GIL bounds one mount")
+GIL_SWITCH_S = 0.001
 
 
-def gil_switch_interval(environ: Mapping[str, str]) -> float | None:
-    """The daemon's GIL switch interval in seconds from COWFS_GIL_SWITCH_MS (None: Python's
-    own, 5 ms). A thread that waits for the GIL asks its holder to drop it after this long;
-    the FUSE thread waits for it behind the threads that run Python between native calls."""
+def gil_switch_interval(environ: Mapping[str, str]) -> float:
+    """The daemon's GIL switch interval in seconds: COWFS_GIL_SWITCH_MS if set, else 1 ms.
+    A thread that waits for the GIL asks its holder to drop it after this long; the FUSE
+    thread, which serves every request, waits behind the threads that run Python between
+    their native calls."""
     text = environ.get(GIL_SWITCH_ENV)
     if text is None:
-        return None
+        return GIL_SWITCH_S
     try:
         ms = float(text)
     except ValueError:
@@ -222,9 +226,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
-    switch = gil_switch_interval(os.environ)
-    if switch is not None:
-        sys.setswitchinterval(switch)
+    sys.setswitchinterval(gil_switch_interval(os.environ))
     store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
     try:
         _setup_logging(store.root, foreground, debug)

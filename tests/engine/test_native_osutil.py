@@ -79,7 +79,7 @@ def test_populate_for_writing_keeps_the_bytes_and_the_mapping_writable() -> None
 
 
 def test_gil_switch_interval_from_the_environment() -> None:
-    assert gil_switch_interval({}) is None
+    assert gil_switch_interval({}) == 0.001
     assert gil_switch_interval({GIL_SWITCH_ENV: "0.5"}) == 0.0005
     for bad in ("0", "-1", "abc", "1000", ""):
         with pytest.raises(MountError, match=GIL_SWITCH_ENV):
