@@ -525,3 +525,60 @@ def test_a_created_file_gets_its_session_without_a_catalog_read(path):
             s.open_created_session(s.getattr(attr.ino))
     with Store.open(path) as s:
         assert s.read_file("/new.bin") == data(300_000, 3)
+
+
+def test_commit_names_each_extent_with_its_own_chunk_row(path):
+    """A commit's extents reference the chunk rows of their own hashes whether every chunk was
+    new (cids taken from the insert: commit._new_cids), some were stored already (looked up:
+    commit._stored_cids), or the file repeats a chunk within itself."""
+    import sqlite3 as sq
+
+    from cowfs.store.data import commit
+
+    blob = data(3 << 20, 11)
+    taken = {"new": 0, "stored": 0}
+    new_cids, stored_cids = commit._new_cids, commit._stored_cids
+
+    def counting_new(*a):
+        got = new_cids(*a)
+        taken["new"] += got is not None
+        return got
+
+    def counting_stored(*a):
+        taken["stored"] += 1
+        return stored_cids(*a)
+
+    commit._new_cids, commit._stored_cids = counting_new, counting_stored
+    try:
+        with Store.open(path) as s:
+            s.write_file("/all-new", blob)
+            assert taken == {"new": 1, "stored": 0}
+            s.write_file("/half-old", blob[: 1 << 20] + data(2 << 20, 12) + b"x")
+            s.write_file("/twice", data(1 << 20, 13) * 2 + b"tail")
+            assert taken["stored"] >= 1
+            files = {name: s.read_file(name) for name in ("/all-new", "/half-old", "/twice")}
+    finally:
+        commit._new_cids, commit._stored_cids = new_cids, stored_cids
+    assert files["/all-new"] == blob and files["/twice"] == data(1 << 20, 13) * 2 + b"tail"
+    db = sq.connect(f"file:{path / CATALOG_FILE}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT e.content_id, e.file_offset, e.length, c.hash FROM extents e JOIN chunks c ON "
+                          "c.cid = e.cid ORDER BY e.content_id, e.file_offset").fetchall()
+    finally:
+        db.close()
+    from blake3 import blake3
+
+    bodies: dict[int, list[tuple[int, int, bytes]]] = {}
+    for content, off, length, h in rows:
+        bodies.setdefault(content, []).append((off, length, bytes(h)))
+    by_size = {len(b): b for b in files.values()}
+    checked = 0
+    for extents in bodies.values():
+        size = extents[-1][0] + extents[-1][1]
+        body = by_size.get(size)
+        if body is None:
+            continue
+        for off, length, h in extents:
+            assert blake3(body[off:off + length]).digest() == h
+            checked += 1
+    assert checked > 100

@@ -34,17 +34,13 @@ def commit_version(txn: Txn, ino: int, size: int, mtime_ns: int | None,
     for e in extents:
         if e.chunk is not None and e.loc is not None:
             locs.setdefault(e.chunk, e.loc)
+    before = txn.conn.total_changes
     txn.conn.executemany(
         "INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, codec, first_gen) VALUES (?,?,?,?,?,?,?)",
-        [(h, l.seg_id, l.offset, l.stored_len, l.length, l.codec, txn.gen) for h, l in locs.items()],
+        [(h, l.seg_id, l.offset, l.stored_len, l.stored_len if l.raw_len is None else l.raw_len, l.codec, txn.gen)
+         for h, l in locs.items()],
     )
-    cids: dict[bytes, tuple[int, Location]] = {}
-    hashes = list(locs)
-    for i in range(0, len(hashes), _IN_BATCH):
-        part = hashes[i:i + _IN_BATCH]
-        q = f"SELECT hash, cid, {LOCATION_COLS} FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
-        for h, cid, *loc in txn.execute(q, part):
-            cids[bytes(h)] = (cid, location(*loc))
+    cids = _new_cids(txn, locs, txn.conn.total_changes - before) or _stored_cids(txn, list(locs))
     content_id = int(txn.execute("INSERT INTO contents(size) VALUES (?)", (size,)).lastrowid)
     stored: list[Extent] = []
     rows = []
@@ -55,17 +51,49 @@ def commit_version(txn: Txn, ino: int, size: int, mtime_ns: int | None,
         else:
             cid, loc = cids[e.chunk]
             rows.append((content_id, e.offset, e.length, cid))
-            stored.append(Extent(e.offset, e.length, e.chunk, loc))
+            stored.append(e if e.loc == loc else Extent(e.offset, e.length, e.chunk, loc))
     txn.conn.executemany("INSERT INTO extents VALUES (?,?,?,?)", rows)
-    ends: dict[int, int] = {}
+    last: dict[int, Location] = {}  # per segment, its record that starts last (records do not overlap)
     for _cid, loc in cids.values():
-        ends[loc.seg_id] = max(ends.get(loc.seg_id, 0), loc.offset + loc.span)
+        seen = last.get(loc.seg_id)
+        if seen is None or loc.offset > seen.offset:
+            last[loc.seg_id] = loc
+    ends = {seg: loc.offset + loc.span for seg, loc in last.items()}
     txn.conn.executemany(
         "UPDATE segments SET committed_end=max(committed_end, ?) WHERE seg_id=?", [(v, k) for k, v in ends.items()]
     )
     mtime = mtime_ns if mtime_ns is not None else txn.now_ns
     ns.new_version(txn, row, size=size, mtime_ns=mtime, ctime_ns=txn.now_ns, content_id=content_id, data_gen=txn.gen)
     return ns.getattr_(txn.conn, ino, txn.gen), stored
+
+
+def _new_cids(txn: Txn, locs: dict[bytes, Location], inserted: int) -> dict[bytes, tuple[int, Location]] | None:
+    """When the INSERT OR IGNORE just now added a row for every chunk (none was stored
+    already), their cids without a query per chunk: an INTEGER PRIMARY KEY given by SQLite
+    is one more than the largest, so one statement's rows get consecutive cids in order
+    (checked at both ends). None where that does not hold: look them up."""
+    n = len(locs)
+    if not n or inserted != n:
+        return None
+    last = int(txn.execute("SELECT last_insert_rowid()").fetchone()[0])
+    first = last - n + 1
+    hashes = list(locs)
+    ends = dict(txn.execute("SELECT cid, hash FROM chunks WHERE cid IN (?, ?)", (first, last)).fetchall())
+    if bytes(ends.get(first, b"")) != hashes[0] or bytes(ends.get(last, b"")) != hashes[-1]:
+        return None
+    return {h: (first + i, loc) for i, (h, loc) in enumerate(locs.items())}
+
+
+def _stored_cids(txn: Txn, hashes: list[bytes]) -> dict[bytes, tuple[int, Location]]:
+    """Each chunk's cid and the location of its catalog row (an identical chunk stored
+    before wins over the record this session appended)."""
+    cids: dict[bytes, tuple[int, Location]] = {}
+    for i in range(0, len(hashes), _IN_BATCH):
+        part = hashes[i:i + _IN_BATCH]
+        q = f"SELECT hash, cid, {LOCATION_COLS} FROM chunks WHERE hash IN (%s)" % ",".join("?" * len(part))
+        for h, cid, *loc in txn.execute(q, part):
+            cids[bytes(h)] = (cid, location(*loc))
+    return cids
 
 
 def version_events(txn: Txn, attr: Attr | None) -> list[Event]:

@@ -240,14 +240,15 @@ class Log:
         them to the block's end, straight from the buffer (DirectFileSegment.write_aligned);
         the next append starts after that block."""
         buf = memoryview(staged).cast("B")
-        total = sum(record_span(n) for n in lengths)
+        spans = [record_span(n) for n in lengths]
+        total = sum(spans)
         if len(buf) < total:
             raise ValueError(f"staged records hold {len(buf)} bytes, not the records of {len(lengths)} chunks")
         locs: list[Location] = []
         with self._lock:
             i, at = 0, 0
             while i < len(lengths):
-                first = record_span(lengths[i])
+                first = spans[i]
                 aligned = at == 0 and total >= ALIGNED_MIN and self._head is not None and self._head.aligned_writes
                 start = round_up(self._head_end) if aligned else self._head_end
                 if self._head is None or start + first > self._head.size:
@@ -255,11 +256,12 @@ class Log:
                     start = self._head_end  # DATA_START: on a block boundary
                 assert self._head is not None
                 pos = start
+                seg_id, seg_size = self._head_id, self._head.size
                 while i < len(lengths):
-                    span = record_span(lengths[i])
-                    if pos + span > self._head.size:
+                    span = spans[i]
+                    if pos + span > seg_size:
                         break
-                    locs.append(Location(self._head_id, pos, lengths[i]))
+                    locs.append(Location(seg_id, pos, lengths[i]))
                     pos += span
                     i += 1
                 padded = round_up(pos)
