@@ -29,6 +29,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -129,22 +130,47 @@ def _free_port() -> int:
 
 
 def _launch(root: Path, ranks: int, bytes_per_rank: int, rep: int, op: str, arms: list[str],
-            async_arms: list[str]) -> dict[str, float]:
-    """Run the ranks of one launch to the end; rank 0's figures. Raises with the failed ranks' stderr."""
+            async_arms: list[str], limit_s: float = 1800) -> dict[str, float]:
+    """Run the ranks of one launch to the end; rank 0's figures. Raises with a failed rank's
+    stderr; once one rank fails (or `limit_s` passes) the others, which would wait for it at
+    a barrier, are killed."""
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "tools.bench.dcp_ranks", "--rank", str(r), "--world", str(ranks), "--port", str(port),
-         "--root", str(root), "--rep", str(rep), "--bytes-per-rank", str(bytes_per_rank), "--op", op,
-         "--arms", ",".join(arms), "--async-arms", ",".join(async_arms)],
-        env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in range(ranks)]
-    outs = [p.communicate(timeout=1800) for p in procs]
-    failed = [(r, p.returncode, err) for r, (p, (_o, err)) in enumerate(zip(procs, outs)) if p.returncode != 0]
-    if failed:
-        r, code, err = failed[0]
-        raise RuntimeError(f"dcp-ranks: rank {r} of {ranks} exited {code} ({op}): {err.strip()[-2000:]}")
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    outs = [tempfile.TemporaryFile() for _ in range(ranks)]
+    errs = [tempfile.TemporaryFile() for _ in range(ranks)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for r in range(ranks):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tools.bench.dcp_ranks", "--rank", str(r), "--world", str(ranks),
+                 "--port", str(port), "--root", str(root), "--rep", str(rep), "--bytes-per-rank", str(bytes_per_rank),
+                 "--op", op, "--arms", ",".join(arms), "--async-arms", ",".join(async_arms)],
+                env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=outs[r], stderr=errs[r]))
+        deadline = time.monotonic() + limit_s
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs) or time.monotonic() > deadline:
+                break
+            try:
+                next(p for p in procs if p.returncode is None).wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    try:
+        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            r, code = next(((r, c) for r, c in failed if c != -9), failed[0])  # the first that failed by itself
+            errs[r].seek(0)
+            err = errs[r].read().decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(f"dcp-ranks: rank {r} of {ranks} exited {code} ({op}): {err}")
+        outs[0].seek(0)
+        return json.loads(outs[0].read().decode().strip().splitlines()[-1])
+    finally:
+        for f in (*outs, *errs):
+            f.close()
 
 
 def _turn(arms: tuple[str, ...], k: int) -> list[str]:
