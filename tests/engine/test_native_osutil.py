@@ -9,7 +9,6 @@ import threading
 import pytest
 
 from cowfs import _native
-from cowfs.fs.mount import GIL_SWITCH_ENV, MountError, gil_switch_interval
 
 
 def test_name_thread_sets_the_os_name_cut_to_15_bytes() -> None:
@@ -76,11 +75,3 @@ def test_populate_for_writing_keeps_the_bytes_and_the_mapping_writable() -> None
         assert os.pread(fd, 4, 100) == b"abcd"
     finally:
         os.close(fd)
-
-
-def test_gil_switch_interval_from_the_environment() -> None:
-    assert gil_switch_interval({}) == 0.001
-    assert gil_switch_interval({GIL_SWITCH_ENV: "0.5"}) == 0.0005
-    for bad in ("0", "-1", "abc", "1000", ""):
-        with pytest.raises(MountError, match=GIL_SWITCH_ENV):
-            gil_switch_interval({GIL_SWITCH_ENV: bad})

@@ -328,6 +328,19 @@ def test_bad_arguments_unmounted(args: tuple[str, ...], message: str, template: 
     assert fingerprint(store) == before, "the store changed"
 
 
+def test_a_bad_gil_switch_interval_is_refused_before_mounting(template: Path, tmp_path: Path) -> None:
+    """COWFS_GIL_SWITCH_MS out of range or not a number: one line, nothing mounted or changed."""
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    _copy(template, store)
+    mnt.mkdir()
+    before = fingerprint(store), fingerprint(mnt)
+    for bad in ("fast", "0", "500"):
+        r = subprocess.run([sys.executable, "-m", "cowfs.cli", "mount", str(store), str(mnt)], capture_output=True,
+                           timeout=120, stdin=subprocess.DEVNULL, cwd="/", env={**os.environ, "COWFS_GIL_SWITCH_MS": bad})
+        assert_rejected(r, "COWFS_GIL_SWITCH_MS")
+    assert (fingerprint(store), fingerprint(mnt)) == before and not os.path.ismount(mnt)
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """One store, mounted for the module's mounted cases (none may change it); fsck'ed after."""
