@@ -582,3 +582,17 @@ def test_commit_names_each_extent_with_its_own_chunk_row(path):
             assert blake3(body[off:off + length]).digest() == h
             checked += 1
     assert checked > 100
+
+
+def test_the_stores_threads_carry_their_pools_names_for_the_os(path):
+    """Per-thread CPU in /proc says which pool used it (the scaling benchmark reads it)."""
+    import threading
+
+    def comm() -> str:
+        return open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip()
+
+    with Store.open(path) as s:
+        assert s.executor.submit(comm).result() == "cowfs-chunk"
+        assert s.readahead.submit(comm).result() == "cowfs-readahead"
+        names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+        assert "cowfs-catalog" in names

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .scaling import CowfsMount, _mount_tmpfs, _unmount_tmpfs
+from .scaling import CowfsMount, mount_tmpfs, unmount_tmpfs
 
 Log = Callable[[str], None]
 REPO = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def run_dcp_ranks(work: Path, ranks: int, gib: float, reps: int, tmpfs: bool, wo
     try:
         if tmpfs:
             # the save arms and the async arms of one rep at once, and room for the store's segments
-            _mount_tmpfs(work, int(gib * (1 << 30) * (len(SAVE_ARMS) + len(ASYNC_ARMS)) * 1.3) + (2 << 30))
+            mount_tmpfs(work, int(gib * (1 << 30) * (len(SAVE_ARMS) + len(ASYNC_ARMS)) * 1.3) + (2 << 30))
             on_tmpfs = True
         fs_type, fs = filesystem(work)
         (work / "plain").mkdir()
@@ -219,7 +219,7 @@ def run_dcp_ranks(work: Path, ranks: int, gib: float, reps: int, tmpfs: bool, wo
                 "bytes": bytes_per_rank * ranks, "workers": workers, "reps": rows}
     finally:
         if on_tmpfs:
-            _unmount_tmpfs(work)
+            unmount_tmpfs(work)
         shutil.rmtree(work, ignore_errors=True)
 
 

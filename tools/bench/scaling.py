@@ -428,14 +428,14 @@ class _Part:
             del sd
 
 
-def _mount_tmpfs(where: Path, nbytes: int) -> None:
+def mount_tmpfs(where: Path, nbytes: int) -> None:
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes},mode=0755", "tmpfs", str(where)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"--tmpfs: mounting a tmpfs on {where} failed (root only): {r.stderr.strip()}")
 
 
-def _unmount_tmpfs(where: Path) -> None:
+def unmount_tmpfs(where: Path) -> None:
     if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
         print(f"bench: umount {where} failed; lazy unmount", file=sys.stderr)
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
@@ -450,7 +450,7 @@ def run_scaling(work: Path, opts: ScalingOptions, log: Log) -> dict[str, Any]:
     on_tmpfs = False
     try:
         if opts.tmpfs:
-            _mount_tmpfs(work, opts.tmpfs_bytes())
+            mount_tmpfs(work, opts.tmpfs_bytes())
             on_tmpfs = True
             log(f"  scaling: a tmpfs of {opts.tmpfs_bytes() / GIB:.1f} GiB on {work}")
         fs_type, fs = filesystem(work)
@@ -471,7 +471,7 @@ def run_scaling(work: Path, opts: ScalingOptions, log: Log) -> dict[str, Any]:
                 "runs": part.runs}
     finally:
         if on_tmpfs:
-            _unmount_tmpfs(work)
+            unmount_tmpfs(work)
         shutil.rmtree(work, ignore_errors=True)
 
 

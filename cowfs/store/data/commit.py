@@ -75,11 +75,13 @@ def _new_cids(txn: Txn, locs: dict[bytes, Location], inserted: int) -> dict[byte
     n = len(locs)
     if not n or inserted != n:
         return None
-    last = int(txn.execute("SELECT last_insert_rowid()").fetchone()[0])
-    first = last - n + 1
+    # one query, as many as the lookup a one-chunk commit would make
+    last, first_hash, last_hash = txn.execute(
+        "SELECT last_insert_rowid(), (SELECT hash FROM chunks WHERE cid = last_insert_rowid() - ?),"
+        " (SELECT hash FROM chunks WHERE cid = last_insert_rowid())", (n - 1,)).fetchone()
+    first = int(last) - n + 1
     hashes = list(locs)
-    ends = dict(txn.execute("SELECT cid, hash FROM chunks WHERE cid IN (?, ?)", (first, last)).fetchall())
-    if bytes(ends.get(first, b"")) != hashes[0] or bytes(ends.get(last, b"")) != hashes[-1]:
+    if first_hash is None or bytes(first_hash) != hashes[0] or last_hash is None or bytes(last_hash) != hashes[-1]:
         return None
     return {h: (first + i, loc) for i, (h, loc) in enumerate(locs.items())}
 
