@@ -76,6 +76,12 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     def _entry(self, view: View, attr: Attr) -> pyfuse3.EntryAttributes:
         return entry_of(view, attr, self.handles.sessions.get(attr.ino) if view.live else None)
 
+    def _known(self, view: View, attr: Attr) -> pyfuse3.EntryAttributes:
+        """The entry of a reply the kernel counts a lookup of (holds.py: known inodes)."""
+        if view.live:
+            self.store.holds.refer_inode(attr.ino)
+        return self._entry(view, attr)
+
     def _snapdir_entry(self) -> pyfuse3.EntryAttributes:
         return snapdir_entry(self.store)
 
@@ -105,7 +111,12 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             view = self._snapshot_view(name)
             return self._entry(view, self.store.getattr(1, view.gen))
         view, ino = self._decode(parent_inode)
+        if view.live:
+            return self._entry(view, self.store.holds.looked_up(lambda: self.store.lookup(ino, name, None)))
         return self._entry(view, self.store.lookup(ino, name, view.gen))
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        self.store.holds.forget_inodes([(i, n) for i, n in inode_list if ViewTable.is_live(i)])
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -199,6 +210,8 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             name, entry = entries[i]
             if not pyfuse3.readdir_reply(token, name, entry, i + 1):
                 break
+            if ViewTable.is_live(entry.st_ino):
+                self.store.holds.refer_inode(entry.st_ino)
 
     @translate_errors
     async def releasedir(self, fh: int) -> None:
@@ -214,7 +227,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             return self._entry(view, self.store.getattr(1, view.gen))
         parent = self._live(parent_inode)
         attr = await in_thread(self.store.mkdir, parent, name, mode & ~ctx.umask, ctx.uid, ctx.gid)
-        return self._entry(LIVE_VIEW, attr)
+        return self._known(LIVE_VIEW, attr)
 
     @translate_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -228,7 +241,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         parent = self._live(parent_inode)
         attr = await in_thread(self.store.symlink, parent, name, target, ctx.uid, ctx.gid)
-        return self._entry(LIVE_VIEW, attr)
+        return self._known(LIVE_VIEW, attr)
 
     @translate_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -248,7 +261,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         ino, parent = self._live(inode), self._live(new_parent_inode)
-        return self._entry(LIVE_VIEW, await in_thread(self.store.link, ino, parent, new_name))
+        return self._known(LIVE_VIEW, await in_thread(self.store.link, ino, parent, new_name))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -258,7 +271,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             attr = await in_thread(self.store.create, parent, name, perms, ctx.uid, ctx.gid)
         else:  # a fifo, socket or device node: metadata only
             attr = await in_thread(self.store.mknod, parent, name, stat.S_IFMT(mode) | perms, rdev, ctx.uid, ctx.gid)
-        return self._entry(LIVE_VIEW, attr)
+        return self._known(LIVE_VIEW, attr)
 
     # -- files -------------------------------------------------------------------------
 
@@ -340,7 +353,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             f.attr, f.opener_pid, f.lazy_seq = attr, ctx.pid, seq
         finally:
             self.handles.creating -= 1
-        return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._entry(LIVE_VIEW, attr)
+        return pyfuse3.FileInfo(fh=f.fh, keep_cache=True), self._known(LIVE_VIEW, attr)
 
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:

@@ -54,3 +54,8 @@ class ViewTable:
     @staticmethod
     def encode(view: View, store_ino: int) -> int:
         return view.view_id << VIEW_SHIFT | store_ino
+
+    @staticmethod
+    def is_live(fuse_ino: int) -> bool:
+        """A file or directory of the live tree (its FUSE number is its store number), not `.snapshots`."""
+        return fuse_ino >> VIEW_SHIFT == 0 and fuse_ino != SNAPDIR_INO

@@ -462,9 +462,10 @@ class Store(TreeChanges):
 
     def expire_history(self, keep_within_ns: int = 0) -> int:
         """Drop versions and entries that the live tree replaced or removed, that no snapshot
-        shows, and that ended more than `keep_within_ns` ago. gc then reclaims their chunks."""
+        shows, and that ended more than `keep_within_ns` ago, except those of inodes the kernel
+        still knows (holds.py). gc then reclaims their chunks."""
         cutoff = time.time_ns() - keep_within_ns
-        return self._change("expire", lambda t: hist.expire(t, cutoff))
+        return self._change("expire", lambda t: hist.expire(t, cutoff, self.holds.known_inodes()))
 
     # -- maintenance ------------------------------------------------------------------------
 

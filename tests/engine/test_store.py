@@ -122,6 +122,32 @@ def test_history_and_snapshots_read_old_trees(path):
         assert s.stats()["stored_bytes"] == 0
 
 
+def test_expiry_keeps_the_history_of_an_inode_the_kernel_still_knows(tmp_path):
+    """A file renamed over while the kernel still has its inode (a path looked up, not yet
+    opened): expiry keeps its versions until the kernel forgets it, then drops them."""
+    p = new_store(tmp_path / "store")
+    with Store.open(p) as s:
+        s.write_file("/w.bin", data(100_000, 1))
+        s.write_file("/tmp.bin", data(100_000, 2))
+        old = s.holds.looked_up(lambda: s.lookup(ROOT_INO, b"w.bin"))
+        s.holds.refer_inode(old.ino)  # two lookups of it: FORGET may drop them one at a time
+        s.rename(ROOT_INO, b"tmp.bin", ROOT_INO, b"w.bin")
+        s.expire_history()
+        assert s.history(old.ino)[0].death_gen is not None
+        assert s.read_file("/w.bin") == data(100_000, 2)
+        s.holds.forget_inodes([(old.ino, 1)])
+        s.expire_history()
+        assert s.history(old.ino)
+        s.gc()
+        s.holds.forget_inodes([(old.ino, 1), (12345, 3)])  # an inode never counted: ignored
+        assert s.holds.known_inodes() == set()
+        assert s.expire_history() > 0
+        assert s.history(old.ino) == []
+        s.gc()
+        assert s.read_file("/w.bin") == data(100_000, 2)
+    assert_clean(p)
+
+
 def test_dedup_across_files_and_versions(path):
     with Store.open(path) as s:
         blob = data(2 << 20, 5)

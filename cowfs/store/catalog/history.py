@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import Iterable
 
 from . import namespace as ns
 from .db import Txn
@@ -69,13 +70,18 @@ def history(conn: sqlite3.Connection, target: int | str | bytes) -> list[Version
     return out
 
 
-def expire(txn: Txn, cutoff_ns: int) -> int:
+def expire(txn: Txn, cutoff_ns: int, keep_inodes: Iterable[int] = ()) -> int:
     """Drop versions and entries that the live tree replaced or removed, that no snapshot
-    shows, and that ended at or before `cutoff_ns`; then inodes nothing refers to."""
+    shows, and that ended at or before `cutoff_ns`; then inodes nothing refers to. Rows of
+    `keep_inodes` (inodes the kernel still knows: holds.py) stay."""
     txn.gen  # expiry is a committed change: bump the generation
+    txn.execute("CREATE TEMP TABLE IF NOT EXISTS expire_keep(ino INTEGER PRIMARY KEY)")
+    txn.execute("DELETE FROM expire_keep")
+    txn.conn.executemany("INSERT OR IGNORE INTO expire_keep VALUES (?)", [(ino,) for ino in keep_inodes])
     hidden = (
         "death_gen != {live} AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.gen >= {t}.birth_gen AND s.gen < {t}.death_gen)"
         " AND (SELECT time_ns FROM generations g WHERE g.gen = {t}.death_gen) <= ?"
+        " AND {t}.ino NOT IN (SELECT ino FROM expire_keep)"
     )
     n = txn.execute(f"DELETE FROM versions WHERE {hidden.format(live=LIVE, t='versions')}", (cutoff_ns,)).rowcount
     n += txn.execute(f"DELETE FROM dentries WHERE {hidden.format(live=LIVE, t='dentries')}", (cutoff_ns,)).rowcount
