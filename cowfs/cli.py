@@ -201,7 +201,11 @@ def _event_line(e: dict[str, object]) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     with Target(args.store) as t:
         try:
-            for event in t.watch(args.path):
+            events = t.watch(args.path)
+            # as inotifywait's "Watches established.": a script may start its changes from here
+            print(f"cowfs: watching {args.store}{' ' + args.path if args.path else ''} (Ctrl-C ends)",
+                  file=sys.stderr, flush=True)
+            for event in events:
                 print(json.dumps(event) if args.json else _event_line(event), flush=True)
         except KeyboardInterrupt:
             return 0  # Ctrl-C is how a watch is meant to end

@@ -87,9 +87,13 @@ class DaemonTarget:
             return self._result(msg)
 
     def watch(self, path: str | None) -> Iterator[dict[str, Any]]:
-        """Events as the daemon pushes them; ends when the store is unmounted."""
+        """Subscribe, and return once the daemon watches (no change after this is missed):
+        the events as the daemon pushes them; they end when the store is unmounted."""
         self._send("watch", {"path": path} if path else {})
         self._result(self._receive())
+        return self._events()
+
+    def _events(self) -> Iterator[dict[str, Any]]:
         while (msg := self._receive()) is not None:
             if "event" not in msg:
                 self._result(msg)  # an error line: raises

@@ -127,7 +127,8 @@ def test_watch_pushes_versions_from_another_process_within_a_second(store_path, 
     try:
         assert run_only.proc.wait(60) == 0  # unmount ends the watch by itself (generous deadline)
         err = run_only.proc.stderr.read().decode()  # type: ignore[union-attr]
-        assert "unmounted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert err.startswith(f"cowfs: watching {store_path} /run (Ctrl-C ends)\n")
+        assert "unmounted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 2
     finally:
         run_only.stop()
 

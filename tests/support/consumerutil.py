@@ -57,7 +57,8 @@ def subscribed(prod: Path, seen: "queue.Queue[dict]") -> None:
 
 
 class Watch:
-    """`cowfs watch MNT --json` in a context that always ends it; `events` gets each line."""
+    """`cowfs watch MNT --json` in a context that always ends it; `events` gets each line.
+    Entered once the watch says it is established: no change after that is missed."""
 
     def __init__(self, mnt: Path) -> None:
         self.mnt = mnt
@@ -65,10 +66,17 @@ class Watch:
 
     def __enter__(self) -> "queue.Queue[dict]":
         self.proc = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(self.mnt), "--json"],
-                                     stdout=subprocess.PIPE, text=True)
-        out = self.proc.stdout
-        assert out is not None
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = self.proc.stdout, self.proc.stderr
+        assert out is not None and err is not None
         threading.Thread(target=lambda: [self.events.put(json.loads(x)) for x in out], daemon=True).start()
+        try:
+            line = err.readline()  # "cowfs: watching MNT (Ctrl-C ends)", or an error and EOF
+            assert line.startswith("cowfs: watching "), f"cowfs watch {self.mnt}: {line + err.read()}"
+        except BaseException:
+            self.__exit__()
+            raise
+        threading.Thread(target=err.read, daemon=True).start()  # drained, so the watch never blocks on it
         return self.events
 
     def __exit__(self, *exc: object) -> None:
