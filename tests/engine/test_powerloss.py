@@ -692,6 +692,7 @@ def run_many(tmp_path: Path, monkeypatch, device: str, total: int, first_seed: i
 SEEDS = {"file": 1000, "direct": 3000, "pmem": 5000}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("device", ["file", "direct", "pmem"])
 def test_power_loss(tmp_path, monkeypatch, device):
     run_many(tmp_path, monkeypatch, device, CI_CRASHES_PER_DEVICE, SEEDS[device])

@@ -105,6 +105,7 @@ def test_harness_model_is_strict():
 
 
 @pytest.mark.mount
+@pytest.mark.long
 @pytest.mark.timeout(420)
 def test_crash_12_cycles_all_recover(tmp_path):
     # 12 cycles in make test (a fresh random seed each run, so CI runs add up); 100 in the slow test below

@@ -60,6 +60,7 @@ def run_loadtest(workdir: Path, procs: int, seconds: int, timeout: float) -> re.
     return m
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_load_8_procs(tmp_path: Path) -> None:
     m = run_loadtest(tmp_path / "load", procs=8, seconds=25, timeout=300)

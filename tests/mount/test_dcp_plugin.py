@@ -42,6 +42,7 @@ def test_dcp_writer_and_reader_with_ranks(store_path: Path, tmp_path: Path) -> N
             assert _chunks(s, f"/dcp/step-5/{name}") == _chunks(s, f"/dcp/stock-5/{name}"), name
 
 
+@pytest.mark.long
 def test_a_rank_killed_mid_save_leaves_no_complete_checkpoint(store_path: Path, tmp_path: Path) -> None:
     with mounted(store_path, tmp_path / "m") as mnt:
         assert run_ranks(2, tmp_path, mnt, 1, "save") == [0, 0]

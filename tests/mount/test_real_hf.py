@@ -32,6 +32,7 @@ HF_SAVE_STEPS = 2
 HF_KEEP = 2            # save_total_limit
 
 
+@pytest.mark.long
 def test_transformers_trainer_rotation_resume_and_rotated_checkpoint_from_snapshot(store_path, tmp_path, framework_env):
     pytest.importorskip("transformers")
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments

@@ -84,6 +84,7 @@ def hand(s: Store, hands: list[Hand]) -> Hand:
     return hands[-1]
 
 
+@pytest.mark.long
 def test_two_stores_sharing_a_prefix_keep_what_either_uses(tmp_path, rgw, s3_bucket):
     common, only1, only2 = data(2 << 20, 1), data(2 << 20, 2), data(2 << 20, 3)
     p1, p2 = new_store(tmp_path / "s1"), new_store(tmp_path / "s2")

@@ -39,6 +39,7 @@ def uploaded(mnt: Path) -> int:
     return int(json.loads(cowfs("remote", "status", str(mnt), "--json").stdout)["catalog_generation"])
 
 
+@pytest.mark.long
 def test_a_consumer_of_every_store_shows_the_union_and_the_later_commit(stores, tmp_path, rgw, s3_bucket):
     url = f"s3://{s3_bucket.name}/job"
     endpoint = rgw.credentials.endpoint

@@ -50,6 +50,7 @@ def whole_state(step: int) -> dict[str, "torch.Tensor"]:
     return out
 
 
+@pytest.mark.long
 def test_a_dcp_save_across_two_nodes_shows_whole_on_a_consumer(tmp_path, rgw, s3_bucket):
     url = f"s3://{s3_bucket.name}/job"
     endpoint = rgw.credentials.endpoint
