@@ -1,0 +1,48 @@
+"""The issue-36 model study (tools/bench/ctxmodel.py) on made-up data: its bit counts against
+entropies worked out by hand, its float fields, and the layout's keyframe rule."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tools.bench.ctxmodel import TABLE_BITS, cond_bits, delta_bits, fields, layout
+
+
+def test_cond_bits_is_the_entropy_per_context_plus_the_tables():
+    sym = np.array([0, 1, 0, 1, 2, 2, 2, 2])
+    # order 0: counts 2, 2, 4 of 8 -> 1.5 bits each; three cells
+    assert math.isclose(cond_bits(sym), 8 * 1.5 + 3 * TABLE_BITS)
+    # context 0 holds 0,1,0,1 (1 bit each), context 1 holds 2,2,2,2 (0 bits): three cells
+    ctx = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    assert math.isclose(cond_bits(sym, ctx), 4 * 1.0 + 3 * TABLE_BITS)
+
+
+def test_fields_of_bf16_and_fp32():
+    one = np.array([0x3F80], np.int64)  # bf16 1.0: sign 0, exponent 127, mantissa 0
+    se, top, e = fields(one, "BF16")
+    assert (se[0], top[0], e[0]) == (127, 0, 127)
+    x = np.frombuffer(np.array([-1.5], np.float32).tobytes(), np.uint32).astype(np.int64)
+    se, top, e = fields(x, "F32")
+    assert (se[0], top[0], e[0]) == (256 + 127, 0x40, 127)  # sign set; 1.5 = 1.1b: top mantissa bit
+
+
+def test_a_delta_of_equal_pieces_costs_only_its_table():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0x3000, 0x4000, 4096).astype(np.int64)
+    assert delta_bits(x, x, "BF16") <= 40 * TABLE_BITS  # one symbol (length 0) in each context used
+    y = x + rng.integers(-3, 4, x.size)  # log2(7) = 2.8 bits of difference per element, and tables
+    assert 2.8 * x.size < delta_bits(x, y, "BF16") < 8 * x.size
+
+
+def test_layout_takes_the_smallest_allowed_and_keyframes_use_no_newer_version():
+    row = {"category": "c", "logical": 100, "engine whole": 60, "engine delta": 50, "whole order 0": 55,
+           "whole given v": None, "whole given newer": 40, "delta given newer": 20}
+    costs = {"pieces": [[dict(row)] for _ in range(4)]}
+    assert layout(costs, 0, context=False)["c"] == 4 * 50
+    assert layout(costs, 0, context=True)["c"] == 4 * 20
+    # k=2: versions 1 and 3 are keyframes
+    assert layout(costs, 2, context=True)["c"] == 2 * 20 + 2 * 55
+    # a delta that saves less than a tenth is not one the engine keeps
+    costs = {"pieces": [[dict(row, **{"engine delta": 58})]]}
+    assert layout(costs, 0, context=False)["c"] == 60

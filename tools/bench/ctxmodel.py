@@ -1,0 +1,243 @@
+"""What context-modelled coding of float pieces could store (issue 36), against the engine's
+codecs, on a real Trainer series: the study that chooses the codec's models.
+
+    python -m tools.bench.ctxmodel --work /var/tmp/cowfs-codecs --series bf16,fp32
+
+Each series (tools/bench/seriescache.py; built under --work unless there) is cut as the
+engine cuts it (tools/bench/pieces.py). Every float tensor piece of every version but the
+newest is priced:
+
+* engine: the engine's own codecs (cowfs.store.log.codecs): `encode_whole`, and
+  `encode_delta` against the same piece of the next newer version, exact sizes;
+* models: the bits a static per-piece table of a conditional model needs, summed over
+  the piece's elements (the empirical conditional entropy, which a table-driven rANS
+  reaches within a fraction of a percent), plus the table itself at TABLE_BITS per used
+  cell. A float is split into sign, exponent, the top 7 mantissa bits, and (fp32) 16
+  low mantissa bits, stored as they are. Models:
+    whole order 0      sign+exponent as one symbol, top mantissa | exponent;
+    whole given v      for exp_avg: sign+exponent | the exponent of the same element of
+                       exp_avg_sq in the same version (|m| <= 7.27 sqrt(v) for AdamW);
+    whole given newer  sign+exponent | sign+exponent of the same element one version newer;
+    delta given newer  d = x - newer as integers of the element size, zigzag; its bit length
+                       | (newer's exponent, the bit length of the element before), then
+                       the bits below the leading one as they are.
+Layout (the rule of tools/bench/schemes.py's `reverse`): the engine's reverse chain with a keyframe every K
+(a keyframe may use the order-0 and `given v` models, never a newer version); the newest is
+stored raw, as the compactor keeps it. A piece's cost is the smallest model allowed at its
+place. The non-float rest (configs, scheduler and RNG state, the pickles around the
+tensors, the scalar `step` tensors: a few KB per version) is priced at its logical size, so
+the series ratio is an upper bound. No timing: the coder's speed is measured where it is
+built.
+
+A bench tool: cowfs/ never imports it; no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cowfs.store.log.codecs import DELTA_MAX_SHARE, encode_delta, encode_whole
+
+from . import seriescache
+from .pieces import Piece, Version, base_index, load_series
+
+TABLE_BITS = 24  # a used (context, symbol) cell of a static table: the symbol and a 12-bit frequency, sparse
+FLOAT_DTYPES = {"BF16": (2, 8, 7, 0), "F16": (2, 5, 7, 3), "F32": (4, 8, 7, 16)}  # bytes, exp bits, modelled mantissa, raw bits
+ID_BYTES = 32  # a delta names its base
+MODELS = ("engine", "whole order 0", "whole given v", "whole given newer", "delta given newer")
+
+
+def ints(buf: memoryview, size: int) -> np.ndarray:
+    return np.frombuffer(buf, np.uint16 if size == 2 else np.uint32).astype(np.int64)
+
+
+def fields(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sign+exponent, top mantissa, exponent) of integer images."""
+    size, ebits, mbits, raw = FLOAT_DTYPES[dtype]
+    total = size * 8
+    mant = total - 1 - ebits
+    e = (x >> mant) & ((1 << ebits) - 1)
+    se = (x >> mant) & ((1 << (ebits + 1)) - 1)
+    top = (x >> (mant - mbits)) & ((1 << mbits) - 1)
+    return se, top, e
+
+
+def cond_bits(sym: np.ndarray, ctx: np.ndarray | None = None) -> float:
+    """Bits to code `sym` with a static table per context value, the table included."""
+    k = int(sym.max()) + 1
+    cells = np.bincount(sym if ctx is None else ctx * k + sym).astype(np.float64)
+    cells = np.pad(cells, (0, -cells.size % k)).reshape(-1, k)
+    totals = cells.sum(1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = np.where(cells > 0, cells * np.log2(totals / cells), 0.0).sum()
+    return float(bits) + int((cells > 0).sum()) * TABLE_BITS
+
+
+def whole_bits(x: np.ndarray, dtype: str, ctx_se: np.ndarray | None) -> float:
+    se, top, e = fields(x, dtype)
+    raw = FLOAT_DTYPES[dtype][3] * x.size
+    return cond_bits(se, ctx_se) + cond_bits(top, e) + raw
+
+
+def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str) -> float:
+    """d = x - newer, zigzag z: its bit length | (newer's exponent, the bit length of the
+    element before), then the bits below the leading one as they are."""
+    d = x - newer
+    z = np.where(d >= 0, 2 * d, -2 * d - 1)
+    length = np.zeros_like(z)
+    nz = z > 0
+    length[nz] = np.floor(np.log2(z[nz])).astype(np.int64) + 1
+    below = float(np.maximum(length - 1, 0).sum())
+    _, _, e = fields(newer, dtype)
+    before = np.concatenate([[0], length[:-1]])
+    return cond_bits(length, np.clip(e - int(e.min()), 0, 31) * 33 + before) + below
+
+
+def piece_costs(series: list[Version]) -> dict[str, Any]:
+    """Per version (but the newest) and float piece: bytes under each model (None: not allowed)."""
+    out: list[list[dict[str, Any]]] = []
+    for vi, version in enumerate(series[:-1]):
+        newer = series[vi + 1]
+        at_newer = base_index(version, newer)
+        by_tensor = {(p.file, p.tensor, p.index): i for i, p in enumerate(version.pieces)}
+        rows = []
+        for i, p in enumerate(version.pieces):
+            if p.dtype not in FLOAT_DTYPES or p.length < 4096:
+                continue
+            size = FLOAT_DTYPES[p.dtype][0]
+            raw = version.view(p)
+            x = ints(raw, size)
+            whole = encode_whole(raw, size).stored_len
+            row: dict[str, Any] = {"category": p.category, "logical": p.length, "engine whole": whole}
+            row["whole order 0"] = whole_bits(x, p.dtype, None) / 8
+            v_idx = by_tensor.get((p.file, p.tensor[:-len("exp_avg")] + "exp_avg_sq", p.index)) \
+                if p.tensor.endswith(".exp_avg") else None
+            if v_idx is not None and version.pieces[v_idx].length == p.length:
+                v = ints(version.view(version.pieces[v_idx]), size)
+                row["whole given v"] = whole_bits(x, p.dtype, fields(v, p.dtype)[2]) / 8
+            j = at_newer[i]
+            if j is not None:
+                base = newer.view(newer.pieces[j])
+                y = ints(base, size)
+                d = encode_delta(raw, size, b"\0" * ID_BYTES, base, 1 << 62)  # always made: priced even where
+                row["engine delta"] = d.stored_len if d is not None else None  # the engine would keep it whole
+                row["whole given newer"] = whole_bits(x, p.dtype, fields(y, p.dtype)[0]) / 8 + ID_BYTES
+                row["delta given newer"] = delta_bits(x, y, p.dtype) / 8 + ID_BYTES
+            row["key"] = list(_key(p))
+            rows.append(row)
+        out.append(rows)
+    return {"versions": [v.name for v in series], "pieces": out}
+
+
+def _key(p: Piece) -> tuple[str, str, int]:
+    return (p.file, p.tensor, p.index)
+
+
+def layout(costs: dict[str, Any], k: int, context: bool) -> dict[str, float]:
+    """Stored bytes per category in the reverse chain with a keyframe every k versions
+    (version v is a keyframe when v % k == k-1; the newest is raw and not counted here)."""
+    totals: dict[str, float] = {}
+    for vi, rows in enumerate(costs["pieces"]):
+        keyframe = k > 0 and vi % k == k - 1
+        for row in rows:
+            whole = [row["engine whole"]]
+            engine_delta = row.get("engine delta")  # kept by the engine only where it saves a tenth
+            delta = [engine_delta if engine_delta is not None and engine_delta <= DELTA_MAX_SHARE * row["engine whole"] else None]
+            if context:
+                whole += [row["whole order 0"], row.get("whole given v")]
+                delta += [row.get("whole given newer"), row.get("delta given newer")]
+            allowed = whole + ([] if keyframe else delta)
+            cost = min(c for c in allowed if c is not None)
+            totals[row["category"]] = totals.get(row["category"], 0.0) + cost
+            totals["logical " + row["category"]] = totals.get("logical " + row["category"], 0.0) + row["logical"]
+    return totals
+
+
+def report(name: str, series: list[Version], costs: dict[str, Any], k: int) -> dict[str, Any]:
+    newest = series[-1]
+    logical = sum(v.logical for v in series)
+    float_logical = sum(r["logical"] for rows in costs["pieces"] for r in rows)
+    other = logical - float_logical - newest.logical  # every byte not priced above, at its logical size
+    out: dict[str, Any] = {"series": name, "versions": len(series), "logical": logical, "k": k}
+    for label, context in (("engine", False), ("context", True)):
+        t = layout(costs, k, context)
+        stored_float = sum(v for c, v in t.items() if not c.startswith("logical "))
+        out[label] = {
+            "by_category": {c: round(v / t["logical " + c], 4) for c, v in t.items() if not c.startswith("logical ")},
+            "older_float_ratio": round(stored_float / float_logical, 4),
+            "series_ratio_bound": round((stored_float + newest.logical + other) / logical, 4),
+        }
+    per_model: dict[str, dict[str, float]] = {}
+    for rows in costs["pieces"]:
+        for r in rows:
+            for m in ("engine whole", "engine delta", "whole order 0", "whole given v", "whole given newer", "delta given newer"):
+                if r.get(m) is not None:
+                    cell = per_model.setdefault(r["category"], {}).setdefault(m, 0.0)
+                    per_model[r["category"]][m] = cell + r[m]
+                    per_model[r["category"]]["logical " + m] = per_model[r["category"]].get("logical " + m, 0.0) + r["logical"]
+    out["per_model"] = {c: {m: round(v / d["logical " + m], 4) for m, v in d.items() if not m.startswith("logical ")}
+                        for c, d in per_model.items()}
+    return out
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"Series {r['series']} ({r['versions']} versions, {r['logical'] / 1e6:.1f} MB), "
+                     f"reverse chain with a keyframe every {r['k']}, newest raw:\n")
+        cats = sorted(r["per_model"])
+        models = ["engine whole", "engine delta", "whole order 0", "whole given v", "whole given newer", "delta given newer"]
+        lines.append("| tensor role | " + " | ".join(models) + " |")
+        lines.append("|---" * (len(models) + 1) + "|")
+        for c in cats:
+            lines.append(f"| {c} | " + " | ".join(f"{r['per_model'][c].get(m, float('nan')):.3f}"
+                                                  if m in r["per_model"][c] else "-" for m in models) + " |")
+        lines.append("")
+        lines.append("| layout | " + " | ".join(cats) + " | older float pieces | series (bound) |")
+        lines.append("|---" * (len(cats) + 3) + "|")
+        for label in ("engine", "context"):
+            e = r[label]
+            lines.append(f"| {label} | " + " | ".join(f"{e['by_category'].get(c, float('nan')):.3f}" for c in cats)
+                         + f" | {e['older_float_ratio']:.3f} | {e['series_ratio_bound']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.ctxmodel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True, help="where the series are built and kept")
+    ap.add_argument("--series", default="bf16,fp32", help=f"comma-separated, of {', '.join(seriescache.SERIES)}")
+    ap.add_argument("--series-dir", type=Path, action="append", default=[],
+                    help="a series directory to study as it is (instead of --series)")
+    ap.add_argument("--checkpoints", type=int, default=10)
+    ap.add_argument("--keyframe", type=int, default=4, help="K of the reverse chain (0: no keyframes)")
+    ap.add_argument("--md", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if args.keyframe < 0:
+        ap.error("--keyframe must be 0 or more")
+    dirs = args.series_dir or [seriescache.ensure(args.work, s, args.checkpoints) for s in args.series.split(",") if s]
+    results = []
+    for d in dirs:
+        series = load_series(d, 1 << 20)
+        if len(series) < 2:
+            print(f"ctxmodel: {d}: fewer than two versions", file=sys.stderr)
+            return 2
+        results.append(report(d.name, series, piece_costs(series), args.keyframe))
+    text = markdown(results)
+    print(text)
+    if args.md:
+        args.md.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
