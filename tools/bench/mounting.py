@@ -37,12 +37,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
-def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
-    """{tid: (name, utime + stime)} of every live thread of `pid`; the main thread is named
-    "main", and digits are dropped from names ("Trio thread 12" -> "Trio thread"), so that a
-    pool's threads add up under one name. A thread that exits between two calls is missing
-    from the second (its CPU only shows in cpu_seconds)."""
-    out: dict[int, tuple[str, float]] = {}
+def thread_times(pid: int) -> dict[int, tuple[str, float, float]]:
+    """{tid: (name as the kernel has it, user s, system s)} of every live thread of `pid`."""
+    out: dict[int, tuple[str, float, float]] = {}
     for entry in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{entry}/stat") as f:
@@ -50,11 +47,18 @@ def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
         except OSError:  # the thread exited
             continue
         name_part, rest = stat.rsplit(")", 1)
-        tid = int(entry)
-        name = "main" if tid == pid else "".join(c for c in name_part.split("(", 1)[1] if not c.isdigit()).strip()
         fields = rest.split()
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+        out[int(entry)] = (name_part.split("(", 1)[1], int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK)
     return out
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """{tid: (name, utime + stime)} of every live thread of `pid`; the main thread is named
+    "main", and digits are dropped from names ("Trio thread 12" -> "Trio thread"), so that a
+    pool's threads add up under one name. A thread that exits between two calls is missing
+    from the second (its CPU only shows in cpu_seconds)."""
+    return {tid: ("main" if tid == pid else "".join(c for c in name if not c.isdigit()).strip(), user + system)
+            for tid, (name, user, system) in thread_times(pid).items()}
 
 
 def thread_cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from cowfs.store.log.layout import DEFAULT_DEVICE, DEVICES
 
 from .docs import REPO
 from .extras import synthetic_state_dict
-from .mounting import CLK_TCK, drop_caches, init_store, mounted
+from .mounting import drop_caches, init_store, mounted, thread_times
 from .savers import cowfs_torch
 from .series import read_file
 
@@ -57,17 +56,7 @@ IDLE_LEAVES = ("Catalog._run ", "WorkerThread._work ", "_worker (concurrent/futu
 
 def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
     """thread name (+tid) -> (user s, system s)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        out[f"{name} [{tid}]"] = (int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK)
-    return out
+    return {f"{name} [{tid}]": (user, system) for tid, (name, user, system) in thread_times(pid).items()}
 
 
 def categorize(raw: Path) -> tuple[collections.Counter[str], dict[str, collections.Counter[str]]]:
