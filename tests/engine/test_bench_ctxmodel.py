@@ -46,3 +46,6 @@ def test_layout_takes_the_smallest_allowed_and_keyframes_use_no_newer_version():
     # a delta that saves less than a tenth is not one the engine keeps
     costs = {"pieces": [[dict(row, **{"engine delta": 58})]]}
     assert layout(costs, 0, context=False)["c"] == 60
+    # the same bytes stored with a newer piece cost nothing (global dedup)
+    costs = {"pieces": [[dict(row, dup=True)], [dict(row)]]}
+    assert layout(costs, 0, context=True)["c"] == 20

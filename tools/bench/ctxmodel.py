@@ -24,7 +24,8 @@ newest is priced:
 Layout (the rule of tools/bench/schemes.py's `reverse`): the engine's reverse chain with a keyframe every K
 (a keyframe may use the order-0 and `given v` models, never a newer version); the newest is
 stored raw, as the compactor keeps it. A piece's cost is the smallest model allowed at its
-place. The non-float rest (configs, scheduler and RNG state, the pickles around the
+place, or nothing where the same bytes are stored with a newer piece (global dedup, as
+`pieces.duplicates` finds it). The non-float rest (configs, scheduler and RNG state, the pickles around the
 tensors, the scalar `step` tensors: a few KB per version) is priced at its logical size, so
 the series ratio is an upper bound. No timing: the coder's speed is measured where it is
 built.
@@ -44,7 +45,7 @@ import numpy as np
 from cowfs.store.log.codecs import DELTA_MAX_SHARE, encode_delta, encode_whole
 
 from . import seriescache
-from .pieces import Piece, Version, base_index, load_series
+from .pieces import Piece, Version, base_index, duplicates, load_series
 
 TABLE_BITS = 24  # a used (context, symbol) cell of a static table: the symbol and a 12-bit frequency, sparse
 FLOAT_DTYPES = {"BF16": (2, 8, 7, 0), "F16": (2, 5, 7, 3), "F32": (4, 8, 7, 16)}  # bytes, exp bits, modelled mantissa, raw bits
@@ -101,6 +102,7 @@ def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str) -> float:
 def piece_costs(series: list[Version]) -> dict[str, Any]:
     """Per version (but the newest) and float piece: bytes under each model (None: not allowed)."""
     out: list[list[dict[str, Any]]] = []
+    dup = duplicates(series)  # the engine stores the same bytes once, with their newest copy
     for vi, version in enumerate(series[:-1]):
         newer = series[vi + 1]
         at_newer = base_index(version, newer)
@@ -113,7 +115,8 @@ def piece_costs(series: list[Version]) -> dict[str, Any]:
             raw = version.view(p)
             x = ints(raw, size)
             whole = encode_whole(raw, size).stored_len
-            row: dict[str, Any] = {"category": p.category, "logical": p.length, "engine whole": whole}
+            row: dict[str, Any] = {"category": p.category, "logical": p.length, "engine whole": whole,
+                                   "dup": dup[vi][i]}
             row["whole order 0"] = whole_bits(x, p.dtype, None) / 8
             v_idx = by_tensor.get((p.file, p.tensor[:-len("exp_avg")] + "exp_avg_sq", p.index)) \
                 if p.tensor.endswith(".exp_avg") else None
@@ -152,7 +155,7 @@ def layout(costs: dict[str, Any], k: int, context: bool) -> dict[str, float]:
                 whole += [row["whole order 0"], row.get("whole given v")]
                 delta += [row.get("whole given newer"), row.get("delta given newer")]
             allowed = whole + ([] if keyframe else delta)
-            cost = min(c for c in allowed if c is not None)
+            cost = 0 if row.get("dup") else min(c for c in allowed if c is not None)
             totals[row["category"]] = totals.get(row["category"], 0.0) + cost
             totals["logical " + row["category"]] = totals.get("logical " + row["category"], 0.0) + row["logical"]
     return totals
