@@ -229,7 +229,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def _mount_remote(args: argparse.Namespace) -> int:
-    producer_only = [f for f, v in (("--auto-snapshot", args.auto_snapshot), ("--snapshot-on", args.snapshot_on),
+    producer_only = [f for f, v in (("--auto-snapshot", args.auto_snapshot),
                                     ("--writeback-cache", args.writeback_cache), ("--workers", args.workers))
                      if v is not None]
     if producer_only:
@@ -242,7 +242,7 @@ def _mount_remote(args: argparse.Namespace) -> int:
     return mount_replica(args.store, args.mountpoint, cache=args.cache, endpoint=args.endpoint, region=args.region,
                          credentials_file=creds, profile=args.profile, store_uuid=args.store_uuid,
                          all_stores=args.all_stores, foreground=args.foreground, allow_other=args.allow_other,
-                         cache_size=parse_size(args.cache_size), debug=args.debug)
+                         cache_size=parse_size(args.cache_size), debug=args.debug, snapshot_on=args.snapshot_on)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--auto-snapshot", metavar="DURATION", help="take a snapshot every DURATION (e.g. 10m, 1d12h; at least 1s) when no file is open for writing")
     s.add_argument("--snapshot-on", choices=["checkpoint"],
                    help="checkpoint: snapshot each checkpoint as it completes (HF Trainer, Lightning, "
-                   "torch.distributed.checkpoint, DeepSpeed), named RUN@step-N")
+                   "torch.distributed.checkpoint, DeepSpeed), named RUN@step-N; on a consumer of every store "
+                   "(--all-stores) each is pinned in the bucket")
     s.add_argument("--compact-idle", metavar="DURATION", default="30s",
                    help="compact committed files (see `cowfs compact`) once no file has been open for writing for "
                    "DURATION (default 30s, at least 1s); 'off' leaves it to `cowfs compact`")

@@ -31,10 +31,11 @@ from ..remote.union_source import UnionSource
 from ..store.catalog.db import Catalog
 from .heap import keep_freed_memory
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
-from .mount import LOG_FILE, MountError, _setup_logging, go_live, start_daemon
+from .mount import LOG_FILE, SNAPSHOT_ON_CHECKPOINT, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
 from .replica_changes import Retry, tell
 from .union_follow import follow_union
+from .union_snapshots import union_checkpoint_snapshots
 
 log = logging.getLogger("cowfs.replica")
 DEFAULT_CACHE_SIZE = 10 << 30
@@ -88,7 +89,7 @@ async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key:
 
 
 async def _serve(ops: CowfsOperations, source: ReplicaSource | UnionSource, gen: int, ready_fd: int | None,
-                 mountpoint: Path) -> None:
+                 mountpoint: Path, snapshot_on: str | None = None) -> None:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -100,6 +101,8 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource | UnionSource, gen:
         nursery.start_soon(on_signals)
         await go_live(nursery, ops, mountpoint, ready_fd)
         if isinstance(source, UnionSource):
+            if snapshot_on == SNAPSHOT_ON_CHECKPOINT:  # subscribed before the first step is merged
+                await nursery.start(union_checkpoint_snapshots, ops.store)
             nursery.start_soon(follow_union, ops, source)
         else:
             nursery.start_soon(follow, ops, source, gen)
@@ -141,7 +144,7 @@ def _open_source(cache: Path, cfg: RemoteConfig, store_uuid: str | None,
 
 def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, mountpoint: Path, *,
                        foreground: bool, allow_other: bool, cache_size: int, ready_fd: int | None = None,
-                       debug: bool = False, all_stores: bool = False) -> int:
+                       debug: bool = False, all_stores: bool = False, snapshot_on: str | None = None) -> int:
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     cache.mkdir(parents=True, exist_ok=True)
     lock_fd = take_lock(cache, "cache")
@@ -163,7 +166,7 @@ def run_replica_daemon(cfg: RemoteConfig, store_uuid: str | None, cache: Path, m
                 log.info("mounted %s (%s, generation %d) on %s, read-only (pid %d)", cfg.url, what, gen, mountpoint,
                          os.getpid())
                 try:
-                    trio.run(_serve, ops, source, gen, ready_fd, mountpoint)
+                    trio.run(_serve, ops, source, gen, ready_fd, mountpoint, snapshot_on)
                 finally:
                     pyfuse3.close(unmount=True)
                     log.info("unmounted %s", mountpoint)
@@ -181,9 +184,14 @@ def mount_replica(url: str, mountpoint: str, *, cache: str | None, endpoint: str
                   region: str | None = None, credentials_file: str | None = None, profile: str | None = None,
                   store_uuid: str | None = None, all_stores: bool = False, foreground: bool = False,
                   allow_other: bool = False,
-                  cache_size: int = DEFAULT_CACHE_SIZE, debug: bool = False) -> int:
+                  cache_size: int = DEFAULT_CACHE_SIZE, debug: bool = False, snapshot_on: str | None = None) -> int:
     if cache is None:
         raise MountError(f"{url}: a remote mount needs --cache DIR (a local directory for its catalog and blocks)")
+    if snapshot_on is not None and snapshot_on != SNAPSHOT_ON_CHECKPOINT:
+        raise MountError(f"--snapshot-on: unknown {snapshot_on!r} (only {SNAPSHOT_ON_CHECKPOINT!r})")
+    if snapshot_on is not None and not all_stores:
+        raise MountError("--snapshot-on: a consumer of one store shows its producer's snapshots and takes none; "
+                         "a consumer of every store (--all-stores) pins its own in the bucket")
     cfg = RemoteConfig(url=url, endpoint=endpoint, region=region, credentials_file=credentials_file, profile=profile)
     cfg.address  # noqa: B018 (a bad URL raises here)
     mnt = Path(mountpoint).absolute()
@@ -200,9 +208,10 @@ def mount_replica(url: str, mountpoint: str, *, cache: str | None, endpoint: str
     def run(ready_fd: int | None) -> object:
         return run_replica_daemon(cfg, store_uuid, cache_dir, mnt, foreground=ready_fd is None,
                                   allow_other=allow_other, cache_size=cache_size, ready_fd=ready_fd, debug=debug,
-                                  all_stores=all_stores)
+                                  all_stores=all_stores, snapshot_on=snapshot_on)
 
     what = ", every store" if all_stores else ""
+    what += ", snapshots pinned on checkpoint" if snapshot_on else ""
     return start_daemon(run, foreground, f"{url}{what} on {mnt}, read-only, cache {cache_dir}")
 
 

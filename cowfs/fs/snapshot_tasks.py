@@ -12,11 +12,13 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import trio
 
 from ..errors import CowfsError, HistoryDropped
+from ..store import Store
 from ..store.catalog.events import Event
 from ..store.catalog.snapshots import Snapshot
 from ..store.checkpoints import snapshot as ckpt
@@ -107,20 +109,39 @@ async def checkpoint_snapshots(quiet: QuietMoments, task_status: Any = trio.TASK
         unsubscribe()
 
 
+async def planned(store: Store, trigger: Trigger, lightning: LightningLast) -> ckpt.Plan | None:
+    """What to snapshot for `trigger`, or None when no snapshot is wanted (said in the log):
+    Lightning's `last` copy, or a checkpoint a snapshot holds already. NotComplete if the
+    change completed nothing."""
+    plan = await in_thread(ckpt.plan, store, trigger)
+    if not lightning.wanted(trigger):
+        log.info("no checkpoint snapshot for %s: Lightning's copy of the checkpoint saved before it", trigger.path)
+        return None
+    held = await in_thread(ckpt.already_snapshotted, store, plan)
+    if held is not None:
+        log.info("no checkpoint snapshot for %s: snapshot %s holds it already", plan.checkpoint, held)
+        return None
+    return plan
+
+
+@contextmanager
+def failures_logged(trigger: Trigger) -> Iterator[None]:
+    """A checkpoint snapshot's failure said in the log; the daemon goes on serving."""
+    try:
+        yield
+    except ckpt.NotComplete as e:
+        log.info("no checkpoint snapshot for %s at generation %d: %s", trigger.path, trigger.generation, e)
+    except CowfsError as e:
+        log.warning("checkpoint snapshot for %s failed: %s", trigger.path, e)
+    except Exception:  # noqa: BLE001 - the daemon goes on serving
+        log.exception("checkpoint snapshot for %s failed", trigger.path)
+
+
 async def _snapshot_checkpoint(quiet: QuietMoments, trigger: Trigger, lightning: LightningLast) -> None:
     store = quiet.ops.store
-    try:
-        try:
-            plan = await in_thread(ckpt.plan, store, trigger)
-        except ckpt.NotComplete as e:
-            log.info("no checkpoint snapshot for %s at generation %d: %s", trigger.path, trigger.generation, e)
-            return
-        if not lightning.wanted(trigger):
-            log.info("no checkpoint snapshot for %s: Lightning's copy of the checkpoint saved before it", trigger.path)
-            return
-        held = await in_thread(ckpt.already_snapshotted, store, plan)
-        if held is not None:
-            log.info("no checkpoint snapshot for %s: snapshot %s holds it already", plan.checkpoint, held)
+    with failures_logged(trigger):
+        plan = await planned(store, trigger, lightning)
+        if plan is None:
             return
         # inodes with writes not yet committed (trio thread only); a session whose last FLUSH
         # committed everything and whose RELEASE has not come yet (the completing file's own) is not
@@ -137,9 +158,3 @@ async def _snapshot_checkpoint(quiet: QuietMoments, trigger: Trigger, lightning:
         if snap is None:
             snap = await quiet.snapshot(lambda: ckpt.take_now(store, plan))
         log.info("checkpoint snapshot %s (generation %d) of %s", snap.name, snap.gen, plan.checkpoint)
-    except ckpt.NotComplete as e:
-        log.info("no checkpoint snapshot for %s: %s", trigger.path, e)
-    except CowfsError as e:
-        log.warning("checkpoint snapshot for %s failed: %s", trigger.path, e)
-    except Exception:  # noqa: BLE001 - the daemon goes on serving
-        log.exception("checkpoint snapshot for %s failed", trigger.path)

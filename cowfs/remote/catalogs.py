@@ -1,5 +1,6 @@
 """The catalog objects in a bucket prefix, `stores/UUID/catalog/G.db.zst` (whole) and
-`stores/UUID/catalog/G.from-F.delta.zst` (deltas), read back: which are retained, one
+`stores/UUID/catalog/G.from-F.delta.zst` (deltas), and consumers' pinned snapshots
+`pins/NAME.db.zst`, read back: which are retained, one
 fetched into a local SQLite file, the chain of objects that leads to a generation and the
 catalog it makes, and the set of chunk hashes all of them hold (what remote gc keeps),
 gathered on disk in a scratch database rather than in memory.
@@ -46,6 +47,19 @@ def retained_catalogs(bucket: Bucket, store_uuid: str | None = None) -> list[Cat
     return sorted(out, key=lambda c: (c.store_uuid, c.generation, c.from_gen is not None, c.from_gen or 0))
 
 
+PINS = "pins"
+PIN_SUFFIX = ".db.zst"
+PIN_STORE = "pinned"  # CatalogObject.store_uuid of a pin
+
+
+def pinned_catalogs(bucket: Bucket) -> list[CatalogObject]:
+    """Every pinned snapshot under `pins/` (remote/pins.py), as a catalog object of
+    generation 0, by key."""
+    prefix = bucket.key(PINS, "")
+    return sorted((CatalogObject(PIN_STORE, 0, obj.key, obj.size) for obj in bucket.list(prefix)
+                   if obj.key.endswith(PIN_SUFFIX)), key=lambda c: c.key)
+
+
 def fetch_catalog(bucket: Bucket, key: str, dest: Path) -> bool:
     """The catalog object `key`, decompressed into `dest` (streamed: the decompressed copy is
     never held in memory). False if it was deleted since it was listed (its store uploaded a
@@ -82,8 +96,11 @@ class LiveSet:
         self.catalogs: list[CatalogObject] = []
 
     def add_bucket(self, bucket: Bucket) -> None:
-        """Every catalog object retained in the prefix now, of every store."""
+        """Every catalog object retained in the prefix now, of every store, and every pinned
+        snapshot (`pins/NAME.db.zst`, a catalog of the tree a consumer's snapshot shows)."""
         for cat in retained_catalogs(bucket):
+            self.add(bucket, cat)
+        for cat in pinned_catalogs(bucket):
             self.add(bucket, cat)
 
     def add(self, bucket: Bucket, cat: CatalogObject) -> None:

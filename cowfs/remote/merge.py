@@ -189,7 +189,7 @@ class MergedCatalog:
         for st in steps:
             self.sources[st.store] = st.catalog
         paths: set[bytes] = set()
-        with self._open_sources() as reading:
+        with _Sources(self.sources, {st.store: st.new for st in steps}) as reading:
             conns = {s: c for s, c, _ in reading}
             for st in steps:
                 conn = conns[st.store]
@@ -450,11 +450,13 @@ class MergedCatalog:
 
 
 class _Sources:
-    """Read connections to each store's catalog file, at the generation it holds, for one
-    merge (a context: closed at its end)."""
+    """Read connections to each store's catalog file, at the generation it holds (or the one
+    `at` names for it: a step's own, which a pin may take below the file's), for one merge (a
+    context: closed at its end)."""
 
-    def __init__(self, sources: dict[str, Path]) -> None:
+    def __init__(self, sources: dict[str, Path], at: dict[str, int] | None = None) -> None:
         self.sources = dict(sources)
+        self.at = at or {}
         self.reading: list[tuple[str, sqlite3.Connection, int]] = []
 
     def __enter__(self) -> list[tuple[str, sqlite3.Connection, int]]:
@@ -462,7 +464,7 @@ class _Sources:
             conn = sqlite3.connect(f"file:{self.sources[store]}?mode=ro", uri=True, check_same_thread=False)
             conn.execute("BEGIN")  # one snapshot of the file for the whole merge
             gen = int(conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
-            self.reading.append((store, conn, gen))
+            self.reading.append((store, conn, min(gen, self.at.get(store, gen))))
         return self.reading
 
     def __exit__(self, *exc: object) -> None:

@@ -15,6 +15,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +23,10 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import _native
 from ..errors import CorruptData, ReadOnly, RemoteError
+from ..store.catalog import events as ev
 from ..store.catalog.db import Catalog
+from ..store.catalog.events import Event
+from ..store.catalog.snapshots import Snapshot
 from ..store.data.index import ChunkIndex
 from ..store.log.layout import StoreConfig
 from ..store.log.log import Location, Log
@@ -30,6 +34,7 @@ from ..store.store import Store
 from .s3 import Bucket, MissingObject
 
 if TYPE_CHECKING:
+    from .pins import Pins
     from .source import ReplicaSource
 
 log = logging.getLogger("cowfs.replica")
@@ -329,6 +334,9 @@ class Replica(Store):
         # no lock file (the cache directory's lock is the daemon's), one chunking thread (no writes)
         self._serve(root, config, -1, Catalog(catalog), log, workers, chunk_workers=1)
         self._old_catalogs: list[Catalog] = []
+        # a consumer of every store pins its snapshots in the bucket (pins.py); one of one store
+        # shows its producer's snapshots and takes none
+        self.pins: Pins | None = getattr(source, "pins", None)
 
     def use_catalog(self, new: Catalog) -> list[Catalog]:
         """Serve `new` from now on. The old catalog stays open (requests in flight may still
@@ -350,6 +358,21 @@ class Replica(Store):
 
     def _change(self, op, fn, describe=None, durable=True):  # type: ignore[no-untyped-def, override]
         raise ReadOnly(f"{op}: a replica of a remote store is read-only")
+
+    def snapshot_create(self, name: str, gen: int | None = None) -> Snapshot:
+        if self.pins is None:
+            raise ReadOnly("snapshot: a consumer of one store is read-only: it shows its producer's snapshots and "
+                           "takes none (a consumer of every store, --all-stores, pins its own in the bucket)")
+        snap = self.pins.pin(name, gen)
+        self.events.publish([Event(ev.SNAPSHOT, snap.gen, snap.created_ns, snapshot=snap.name)])
+        return snap
+
+    def snapshot_delete(self, name: str) -> None:
+        if self.pins is None:
+            raise ReadOnly("snapshot-delete: a consumer of one store is read-only: it shows its producer's snapshots "
+                           "(delete them there)")
+        gen = self.pins.unpin(name)
+        self.events.publish([Event(ev.SNAPSHOT_DELETE, gen, time.time_ns(), snapshot=name)])
 
     def gc(self, progress=None):  # type: ignore[no-untyped-def, override]
         raise ReadOnly("gc: a replica of a remote store is read-only (the producer collects)")

@@ -10,6 +10,7 @@ each mount (its inode numbers are the mount's own).
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from .changes import Changes
 from .config import RemoteConfig
 from .consumer_bucket import ConsumerBucket
 from .merge import MergedCatalog, Step, fresh
+from .pins import Pins
 from .source import Fetched, ReplicaSource
 
 log = logging.getLogger("cowfs.replica")
@@ -37,9 +39,13 @@ class UnionSource:
         self.merged: MergedCatalog = fresh(cache / UNION_FILE, self.shared.state_path)
         self._resync = False  # a step failed after its store's file moved on: look at everything again
         self._held: dict[str, int] = {}  # store -> the generation the merged tree shows
+        self.write_lock = threading.Lock()  # the merged catalog's writes: steps, and pins (pins.py)
+        self.pins: Pins | None = Pins(cache, self.shared, self.merged, self.write_lock)
         if self.shared.reset:
             for f in cache.glob("catalog-*.db*"):
                 f.unlink(missing_ok=True)
+        for f in cache.glob("pin-*.db*"):  # a pin fetched or being built when a daemon was killed
+            f.unlink(missing_ok=True)
 
     @property
     def path(self) -> Path:
@@ -106,27 +112,34 @@ class UnionSource:
         if not fetched:
             return None, failed
         try:
-            if self._resync:
-                for store, f in fetched.items():
-                    self.merged.sources[store] = f.path
-                changes = self.merged.resync()
-                self._resync = False
-            else:
-                changes = self.merged.steps([
-                    Step(store, f.path, self.held(store), f.generation,
-                         None if store not in self.merged.sources or f.new_file else f.changes)
-                    for store, f in sorted(fetched.items())])
+            with self.write_lock:
+                if self._resync:
+                    for store, f in fetched.items():
+                        self.merged.sources[store] = f.path
+                    changes = self.merged.resync()
+                    self._resync = False
+                else:
+                    changes = self.merged.steps([
+                        Step(store, f.path, self.held(store), f.generation,
+                             None if store not in self.merged.sources or f.new_file else f.changes)
+                        for store, f in sorted(fetched.items())])
+                self._held = self.merged.store_generations()
         except BaseException:
             self._resync = True
             raise
-        self._held = self.merged.store_generations()
         for store, f in fetched.items():
             self.followers[store].drop_catalogs({f.path})  # the merged catalog holds what it needs of them
         return changes, failed
 
     def catch_up(self) -> int:
-        """Every store under the prefix brought to its newest catalog object (at mount, so the
-        tree shows at once what the bucket holds); returns how many stores there are."""
+        """Every pin under the prefix made a snapshot (pins.py), then every store brought to its
+        newest catalog object (at mount, so the tree shows at once what the bucket holds);
+        returns how many stores there are."""
+        self.shared.learn_indexes()
+        assert self.pins is not None
+        pinned = self.pins.load()
+        if pinned:
+            log.info("%d pinned snapshots shown", pinned)
         listed = self.listed_stores()
         wanted = {s: n for s in listed if (n := self.newest(s)) is not None}
         _changes, failed = self.steps(wanted)
@@ -136,7 +149,8 @@ class UnionSource:
 
     def forget(self, store: str) -> Changes:
         follower = self.followers.pop(store, None)
-        changes = self.merged.forget(store)
+        with self.write_lock:
+            changes = self.merged.forget(store)
         self._held.pop(store, None)
         if follower is not None:
             follower.drop_catalogs(set())

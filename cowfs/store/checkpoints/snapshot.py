@@ -35,6 +35,15 @@ class NotComplete(Exception):
     """The change did not complete a checkpoint (the reason is the message)."""
 
 
+class MissingFiles(NotComplete):
+    """A DCP `.metadata` names data files not there yet (across stores, another node's files
+    can arrive after it: a consumer of the union looks again when they do)."""
+
+    def __init__(self, message: str, directory: str) -> None:
+        super().__init__(message)
+        self.directory = directory
+
+
 @dataclass(frozen=True)
 class Plan:
     trigger: Trigger
@@ -62,7 +71,8 @@ def _dcp_whole(store: "Store", path: str, directory: str, metadata_ino: int, gen
     dir_ino = store.resolve(directory, gen).ino
     missing = store.catalog.read(lambda conn: dcp_files.missing_files(conn, dir_ino, gen, names))
     if missing:
-        raise NotComplete(f"{path} names {len(missing)} data files not there yet ({', '.join(missing[:3])})")
+        raise MissingFiles(f"{path} names {len(missing)} data files not there yet ({', '.join(missing[:3])})",
+                           directory)
 
 
 def plan(store: "Store", trigger: Trigger) -> Plan:
