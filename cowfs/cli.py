@@ -216,8 +216,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_mount(args: argparse.Namespace) -> int:
     if args.store.startswith("s3://"):
         return _mount_remote(args)
-    remote_only = [f for f, v in (("--cache", args.cache), ("--endpoint", args.endpoint), ("--store", args.store_uuid),
-                                  ("--all-stores", args.all_stores or None)) if v is not None]
+    remote_only = [f for f, v in (("--cache", args.cache), ("--endpoint", args.endpoint), ("--store", args.store_uuid))
+                   if v is not None]
     if remote_only:
         raise InvalidArgument(f"{remote_only[0]}: only for a remote mount (cowfs mount s3://BUCKET/PREFIX ...)")
     from .fs.mount import mount
@@ -225,7 +225,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return mount(args.store, args.mountpoint, foreground=args.foreground, allow_other=args.allow_other,
                  auto_snapshot=args.auto_snapshot, debug=args.debug, writeback_cache=args.writeback_cache,
                  compact_idle=args.compact_idle, workers=args.workers, snapshot_on=args.snapshot_on,
-                 vfs_options=getattr(args, "vfs_options", ()))  # set by mount.cowfs (mount_helper.py)
+                 vfs_options=getattr(args, "vfs_options", ()),  # set by mount.cowfs (mount_helper.py)
+                 all_stores=args.all_stores, peers_cache_size=parse_size(args.cache_size))
 
 
 def _mount_remote(args: argparse.Namespace) -> int:
@@ -316,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--store", dest="store_uuid", metavar="UUID", help="the store to follow when several share the prefix")
     r.add_argument("--all-stores", action="store_true",
                    help="show the union of every store under the prefix (the nodes of one job), following stores "
-                   "as they appear; where two stores hold one path, the later commit wins (docs/design.md)")
+                   "as they appear; where two stores hold one path, the later commit wins (docs/design.md). "
+                   "On a store's own mount (its remote set): the other stores' files beside its own, read-only, "
+                   "its own entry winning where both hold a path; --cache-size bounds their cached blocks")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

@@ -98,7 +98,8 @@ def _fsck(args: argparse.Namespace) -> int:
         state = "clean" if r["clean"] else f"{len(r['problems'])} problem(s)"
         deep = f", {r['packs_read']} packs read whole ({human_bytes(r['bytes_read'])})" if args.deep else ""
         gens = ", ".join(map(str, r["catalogs"])) or "none"
-        print(f"remote fsck: {state}: catalog generations {gens}, {r['chunks_checked']} chunks they use, "
+        pins = f", {len(r['pins'])} pinned snapshots" if r["pins"] else ""
+        print(f"remote fsck: {state}: catalog generations {gens}{pins}, {r['chunks_checked']} chunks they use, "
               f"{r['indexes']} indexes of {r['packs']} packs{deep}")
     return 0 if r["clean"] else 1
 

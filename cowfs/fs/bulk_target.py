@@ -53,13 +53,13 @@ async def target_file(ops: "CowfsOperations", conn: trio.socket.SocketType, head
     if not writing and mode == os.O_WRONLY:
         raise CowfsError("the file is not open for reading", errno=errno.EBADF)
     try:
-        view, ino = ops.views.decode(fuse_ino)
+        view, ino = ops.file_of(fuse_ino)
     except KeyError:
         raise CowfsError("the file is no longer known to the mount", errno=errno.ENOENT) from None
     if writing and not view.live:
-        raise CowfsError("a snapshot is read-only", errno=errno.EROFS)
+        raise CowfsError("a snapshot, or another node's file, is read-only", errno=errno.EROFS)
     try:
-        attr = await trio.to_thread.run_sync(ops.store.getattr, ino, view.gen)
+        attr = await trio.to_thread.run_sync(ops.store_of(view).getattr, ino, view.gen)
     except NotFound:
         if writing:
             raise

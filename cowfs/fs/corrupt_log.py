@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from ..errors import CorruptData, CowfsError
 from ..store import Store
@@ -14,15 +15,18 @@ CORRUPT_LOG_INTERVAL = 10.0  # seconds between log lines about the same damaged 
 
 
 class CorruptLog:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._reported: dict[tuple[int, int], tuple[float, int]] = {}  # (ino, vid) -> (logged at, missed)
+    """`store_of(view)`: the store whose inodes the view numbers (a mount's own, or its peers')."""
+
+    def __init__(self, store_of: Callable[[View], Store]) -> None:
+        self.store_of = store_of
+        self._reported: dict[tuple[int, int, int], tuple[float, int]] = {}  # (store, ino, vid) -> (logged at, missed)
 
     def report(self, view: View, ino: int, e: CorruptData, what: str) -> None:
         """Log a read that failed its checks: one line naming the path and version; further
         failures of that version within CORRUPT_LOG_INTERVAL are counted into its next line."""
         ino = e.ino if e.ino is not None else ino
-        key = (ino, e.vid or 0)
+        store = self.store_of(view)
+        key = (id(store), ino, e.vid or 0)
         now = time.monotonic()
         last, missed = self._reported.get(key, (float("-inf"), 0))
         if now - last < CORRUPT_LOG_INTERVAL:
@@ -30,10 +34,11 @@ class CorruptLog:
             return
         self._reported[key] = (now, 0)
         try:
-            paths = self.store.paths_of(ino, view.gen if view.gen is not None else self.store.generation)
-            where = ", ".join(paths or self.store.paths_of(ino)) or f"inode {ino}"
+            paths = store.paths_of(ino, view.gen if view.gen is not None else store.generation)
+            where = ", ".join(paths or store.paths_of(ino)) or f"inode {ino}"
         except CowfsError:  # a damaged catalog may not tell
             where = f"inode {ino}"
         version = f" version {e.vid} (generation {e.generation})" if e.vid is not None else ""
-        log.error("corrupt data: %s%s%s: %s failed: %s%s", where, f" in snapshot {view.name}" if view.name else "",
+        seen = f" in snapshot {view.name}" if view.gen is not None else "" if view.live else " (another node's file)"
+        log.error("corrupt data: %s%s%s: %s failed: %s%s", where, seen,
                   version, what, e, f" ({missed} more failures of it since the last report)" if missed else "")

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import pyfuse3
 import trio
@@ -38,6 +38,9 @@ from .operations import CowfsOperations
 from .namespace_clock import follow_peer_clocks
 from .remote_uploads import upload_in_background
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
+
+if TYPE_CHECKING:
+    from .union_ops import Peers
 
 log = logging.getLogger("cowfs.mount")
 LOG_FILE = "cowfs.log"
@@ -102,7 +105,7 @@ def _setup_logging(store: Path, foreground: bool, debug: bool) -> None:
 
 
 async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: float | None, ready_fd: int | None,
-                 compact_idle: float | None, snapshot_on: str | None = None) -> None:
+                 compact_idle: float | None, snapshot_on: str | None = None, peers: "Peers | None" = None) -> None:
     quiet = QuietMoments(ops)
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
@@ -131,6 +134,11 @@ async def _serve(ops: CowfsOperations, mountpoint: Path, auto_snapshot_every: fl
             nursery.start_soon(compact_when_idle, ops, compact_idle)
         nursery.start_soon(upload_in_background, ops)
         nursery.start_soon(follow_peer_clocks, ops)
+        if peers is not None:
+            from .union_follow import follow_union
+            from .union_ops import UnionOperations
+            assert isinstance(ops, UnionOperations)
+            nursery.start_soon(follow_union, peers.source, ops.peers_changed)
         await pyfuse3.main()
         ops.handles.unmounting = True  # a running compaction stops at its next step: the lock is freed soon
         await ops.commit_all()
@@ -221,16 +229,23 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
                writeback_cache: bool | None = None, compact_idle: float | None = None,
                workers: int | None = None, snapshot_on: str | None = None,
-               vfs_options: Sequence[str] = ()) -> int:
+               vfs_options: Sequence[str] = (), all_stores: bool = False, peers_cache_size: int = 10 << 30) -> int:
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     sys.setswitchinterval(gil_switch_interval(os.environ))
     store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
+    peers = None
     try:
         _setup_logging(store.root, foreground, debug)
-        ops = CowfsOperations(store)
+        if all_stores:  # the job's namespace: the other nodes' files beside this store's own
+            from .union_ops import UnionOperations, open_peers
+            peers = open_peers(store, peers_cache_size)
+            ops: CowfsOperations = UnionOperations(store, peers.replica)
+            log.info("showing the other stores under %s beside this one's files", peers.source.cfg.url)
+        else:
+            ops = CowfsOperations(store)
         if writeback_cache is not None:
             ops.enable_writeback_cache = writeback_cache
         options = set(pyfuse3.default_options)
@@ -244,11 +259,13 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
         _hint_pipe_size()
         try:
-            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on)
+            trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on, peers)
         finally:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)
     finally:
+        if peers is not None:
+            peers.close()
         store.close()
     return 0
 
@@ -256,7 +273,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
 def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other: bool = False,
           auto_snapshot: str | None = None, debug: bool = False, writeback_cache: bool | None = None,
           compact_idle: str = DEFAULT_COMPACT_IDLE, workers: int | None = None, snapshot_on: str | None = None,
-          vfs_options: Sequence[str] = ()) -> int:
+          vfs_options: Sequence[str] = (), all_stores: bool = False, peers_cache_size: int = 10 << 30) -> int:
     store_path = Path(store).absolute()
     mnt = Path(mountpoint).absolute()
     interval = parse_duration(auto_snapshot) if auto_snapshot else None
@@ -275,9 +292,10 @@ def mount(store: str, mountpoint: str, *, foreground: bool = False, allow_other:
     def run(ready_fd: int | None) -> object:
         return run_daemon(store_path, mnt, foreground=ready_fd is None, allow_other=allow_other, auto_snapshot=interval,
                           debug=debug, ready_fd=ready_fd, writeback_cache=writeback_cache, compact_idle=idle,
-                          workers=workers, snapshot_on=snapshot_on, vfs_options=vfs_options)
+                          workers=workers, snapshot_on=snapshot_on, vfs_options=vfs_options, all_stores=all_stores,
+                          peers_cache_size=peers_cache_size)
 
-    return start_daemon(run, foreground, f"{store_path} on {mnt}")
+    return start_daemon(run, foreground, f"{store_path} on {mnt}{', with the other stores of its prefix' if all_stores else ''}")
 
 
 def start_daemon(run: Callable[[int | None], object], foreground: bool, what: str) -> int:

@@ -7,7 +7,10 @@ compares those generations: the later commit wins, and no machine's clock decide
 
 Peers are found by listing `stores/` every PEER_LOOK seconds; a peer whose notices do not
 arrive (no `--notify`, or its daemon down) is looked at in the bucket (its newest catalog
-object's generation) at the same interval.
+object's generation) at the same interval. A store alone under its prefix looks less and
+less often (`next_look`: the interval doubles up to PEER_LOOK_ALONE): a store that appears
+looks at this one at once, so only this store's ordering after the newcomer's first
+commits waits for the next look.
 """
 from __future__ import annotations
 
@@ -25,6 +28,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cowfs.remote")
 PEER_LOOK = 3.0  # seconds between listings of the prefix's stores
+PEER_LOOK_ALONE = 48.0  # at most this long between them while no other store is there
+
+
+def next_look(previous: float, peers: int) -> float:
+    """Seconds until the next listing: PEER_LOOK while there are peers, else twice the last
+    interval, up to PEER_LOOK_ALONE."""
+    return PEER_LOOK if peers else min(previous * 2, PEER_LOOK_ALONE)
 
 
 async def follow_peer_clocks(ops: CowfsOperations) -> None:
@@ -51,7 +61,8 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
         except CowfsError as e:
             log.warning("a peer's generation %d not observed: %s", gen, e)
 
-    def look() -> None:
+    def look() -> int:
+        """Returns how many peers there are."""
         nonlocal url
         cfg = tier.config
         if cfg is None or cfg.url != url:
@@ -59,7 +70,7 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
             listeners.clear()
             url = None if cfg is None else cfg.url
         if cfg is None:
-            return
+            return 0
         bucket = tier.bucket()
         peers = [u for u in bucket.subfolders(bucket.key("stores", "")) if u != own]
         for peer in peers:
@@ -70,14 +81,17 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
                 objects = retained_catalogs(bucket, peer)
                 if objects:
                     observe(objects[-1].generation)
+        return len(peers)
 
     try:
+        delay = PEER_LOOK / 2
         while not ops.handles.unmounting:
             try:
-                await trio.to_thread.run_sync(look)
+                delay = next_look(delay, await trio.to_thread.run_sync(look))
             except CowfsError as e:
                 log.info("the prefix's other stores not looked at: %s", e)
-            await trio.sleep(PEER_LOOK)
+                delay = PEER_LOOK
+            await trio.sleep(delay)
     finally:
         with trio.CancelScope(shield=True):  # the listeners' threads end before the store closes
             await trio.to_thread.run_sync(close_all, list(listeners.values()))

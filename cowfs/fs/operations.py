@@ -69,7 +69,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         self._writer_open_lock = trio.Lock()
         self.mount_id: int | None = None  # set once mounted; enables the forked-copy check at FLUSH
         self._dir_ids = 0
-        self.corrupt_log = CorruptLog(store)
+        self.corrupt_log = CorruptLog(self.store_of)
 
     # -- attributes --------------------------------------------------------------
 
@@ -124,7 +124,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             return self._snapdir_entry()
         view, ino = self._decode(inode)
         try:
-            return self._entry(view, self.store.getattr(ino, view.gen))
+            return self._entry(view, self.store_of(view).getattr(ino, view.gen))
         except NotFound:
             # unlinked but still open: the kernel may still ask until FORGET
             for f in self.handles.files.values():
@@ -174,7 +174,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     @translate_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         view, ino = self._decode(inode)
-        return self.store.readlink(ino, view.gen)
+        return self.store_of(view).readlink(ino, view.gen)
 
     @translate_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -312,19 +312,28 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         f.attr = attr
         return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=not view.live)
 
+    def store_of(self, view: View) -> Store:
+        """The store whose inodes a view numbers (fs/union_ops.py adds the other nodes')."""
+        return self.store
+
+    def file_of(self, fuse_ino: int) -> tuple[View, int]:
+        """(view, inode) of a FUSE inode a client's descriptor names (KeyError: unknown)."""
+        return self.views.decode(fuse_ino)
+
     def committed_version(self, view: View, ino: int) -> tuple[FileReader, Attr]:
         """A reader on the version an open gets, and its attributes (in a worker thread). A live
         inode that a rename or an unlink removed after the kernel looked it up (its dentry still
         names it for a moment) opens as on any POSIX file system: with the version it had."""
-        gen = view.gen if view.gen is not None else self.store.generation
+        store = self.store_of(view)
+        gen = view.gen if view.gen is not None else store.generation
         try:
-            attr = self.store.getattr(ino, gen)
+            attr = store.getattr(ino, gen)
         except NotFound:
             if not view.live:
                 raise
             gen = self._gen_before_removal(ino)
-            attr = self.store.getattr(ino, gen)
-        return self.store.open_reader(ino, gen), attr
+            attr = store.getattr(ino, gen)
+        return store.open_reader(ino, gen), attr
 
     def _gen_before_removal(self, ino: int) -> int:
         """The last generation at which a removed live inode still had a version."""

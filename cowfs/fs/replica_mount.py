@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+from functools import partial
 from pathlib import Path
 
 import pyfuse3
@@ -103,7 +104,7 @@ async def _serve(ops: CowfsOperations, source: ReplicaSource | UnionSource, gen:
         if isinstance(source, UnionSource):
             if snapshot_on == SNAPSHOT_ON_CHECKPOINT:  # subscribed before the first step is merged
                 await nursery.start(union_checkpoint_snapshots, ops.store)
-            nursery.start_soon(follow_union, ops, source)
+            nursery.start_soon(follow_union, source, partial(tell, ops.store))
         else:
             nursery.start_soon(follow, ops, source, gen)
         await pyfuse3.main()

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Awaitable, Callable
 
 import trio
 
 from ..errors import CowfsError
 from ..remote.notices import NoticeListener, close_all
-from ..remote.replica import Replica
+from ..remote.changes import Changes
 from ..remote.union_source import UnionSource
-from .operations import CowfsOperations
-from .replica_changes import Retry, tell
+from .replica_changes import Retry
 
 log = logging.getLogger("cowfs.replica")
 DISCOVER_SECONDS = 2.0  # how often the prefix is listed for new stores (no notice tells of a store's birth)
@@ -25,8 +25,10 @@ POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in th
 QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
 
 
-async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
-    replica: Replica = ops.store  # type: ignore[assignment]
+async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[None]]) -> None:
+    """Follow every store of `source`; `told` is given what each merged step changed (the
+    kernel's caches, watch events: replica_changes.tell for a consumer's mount, the peer view
+    of a producer's, fs/union_ops.py)."""
     send, recv = trio.open_memory_channel[tuple[str, int, str]](math.inf)
     token = trio.lowlevel.current_trio_token()
     listeners: dict[str, NoticeListener] = {}
@@ -66,7 +68,7 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
             if await trio.to_thread.run_sync(source.newest, store) is None:
                 log.info("store %s has left the prefix", store)
                 changes = await trio.to_thread.run_sync(source.forget, store)
-                await tell(replica, changes)
+                await told(changes)
         now = trio.current_time()
         for store, listener in listeners.items():
             if listener.connected.is_set():
@@ -119,7 +121,7 @@ async def follow_union(ops: CowfsOperations, source: UnionSource) -> None:
                     retry.succeeded()
                 if changes is None:
                     continue
-                await tell(replica, changes)
+                await told(changes)
                 log.info("merged %s (%d inodes, %d entries changed) in %.3f s",
                          ", ".join(f"store {s} generation {gk[0]}" for s, gk in sorted(wanted.items()) if s not in failed),
                          len(changes.inos), len(changes.entries), trio.current_time() - started)

@@ -3,7 +3,8 @@
 A store inode appears once in the live tree and once in every snapshot, each
 time with possibly different contents, so each view gets its own range of
 FUSE inode numbers: fuse_ino = view << VIEW_SHIFT | store_ino. View 0 is the
-live tree; snapshot views are numbered as they are first looked up.
+live tree; snapshot views are numbered as they are first looked up (a producer's mount of
+the job's namespace reserves one more for the other nodes' files first: `reserve`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ class ViewTable:
                 view = View(len(self._by_id), name, gen)
                 self._by_id[view.view_id] = view
                 self._by_name[(name, gen)] = view
+            return view
+
+    def reserve(self, name: str) -> View:
+        """A view of another store's live tree (gen None, served by that store: the other
+        nodes' files in a producer's mount of the job's namespace, fs/union_ops.py)."""
+        with self._lock:
+            view = View(len(self._by_id), name, None)
+            self._by_id[view.view_id] = view
             return view
 
     def decode(self, fuse_ino: int) -> tuple[View, int]:

@@ -27,19 +27,24 @@ class XattrOperations:
 
         def _live(self, fuse_ino: int) -> int: ...
 
+        def store_of(self, view: View) -> Store: ...
+
     @translate_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
-        if inode == SNAPDIR_INO or not self.store.may_have_xattr(name):
-            raise pyfuse3.FUSEError(errno.ENODATA)  # asked before each write(2): answered without a query
+        if inode == SNAPDIR_INO:
+            raise pyfuse3.FUSEError(errno.ENODATA)
         view, ino = self._decode(inode)
-        return self.store.getxattr(ino, name, view.gen)
+        store = self.store_of(view)
+        if not store.may_have_xattr(name):
+            raise pyfuse3.FUSEError(errno.ENODATA)  # asked before each write(2): answered without a query
+        return store.getxattr(ino, name, view.gen)
 
     @translate_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         if inode == SNAPDIR_INO:
             return []
         view, ino = self._decode(inode)
-        return self.store.listxattr(ino, view.gen)
+        return self.store_of(view).listxattr(ino, view.gen)
 
     @translate_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:

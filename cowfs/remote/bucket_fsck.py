@@ -1,5 +1,5 @@
-"""`cowfs remote fsck`: does the bucket hold every chunk the store's retained catalog objects
-need? For each whole catalog object and the deltas after it (the catalog the newest of them
+"""`cowfs remote fsck`: does the bucket hold every chunk the store's retained catalog objects,
+and every consumer's pinned snapshot (`pins/`), need? For each whole catalog object and the deltas after it (the catalog the newest of them
 leads to: catalogs.chain_ends, materialize), every chunk some body
 uses (extents, with the delta bases they decode from) must be in a pack whose index reads
 back and whose object exists with the size the index gives. `deep` also reads each pack
@@ -24,7 +24,7 @@ from ..errors import CorruptData, RemoteError
 from ..store.catalog import namespace as ns
 from ..store.log.records import HEADER_SIZE, RecordError, check_record
 from ..store.upkeep.fsck import Problem
-from .catalogs import CatalogObject, chain_ends, materialize, retained_catalogs
+from .catalogs import PIN_STORE, CatalogObject, chain_ends, materialize, pin_name, pinned_catalogs, retained_catalogs
 from .packs import PackIndex, decode_index, entries_of_pack, is_pack_name, pack_name
 from .s3 import Bucket, MissingObject
 
@@ -43,6 +43,7 @@ AFFECTED = ("WITH RECURSIVE bad(cid) AS (SELECT cid FROM chunks WHERE hash IN (S
 class BucketFsckReport:
     problems: list[Problem] = field(default_factory=list)
     catalogs: list[int] = field(default_factory=list)  # generations checked
+    pins: list[str] = field(default_factory=list)  # consumers' pinned snapshots checked (pins/NAME.db.zst)
     packs: int = 0  # pack objects listed
     indexes: int = 0  # indexes read
     orphans: int = 0  # packs without an index (a pass adopts them, a remote gc deletes unused ones)
@@ -57,7 +58,7 @@ class BucketFsckReport:
 
     def to_json(self) -> dict[str, object]:
         return {"clean": self.clean, "problems": [p.line() for p in self.problems], "catalogs": self.catalogs,
-                "packs": self.packs, "indexes": self.indexes, "orphan_packs": self.orphans,
+                "pins": self.pins, "packs": self.packs, "indexes": self.indexes, "orphan_packs": self.orphans,
                 "chunks_checked": self.chunks_checked, "packs_read": self.packs_read, "bytes_read": self.bytes_read,
                 "seconds": round(self.seconds, 3)}
 
@@ -178,7 +179,10 @@ class _Check:
         try:
             conn.execute("ATTACH DATABASE ? AS s", (str(self.work / "fsck.db"),))
             if conn.execute("SELECT 1 FROM chunks WHERE hash IN (SELECT hash FROM s.badh) LIMIT 1").fetchone():
-                found.catalogs.add(cat.generation)
+                if cat.store_uuid == PIN_STORE:
+                    found.pins.add(pin_name(cat.key))
+                else:
+                    found.catalogs.add(cat.generation)
             for vid, ino, gen in conn.execute(AFFECTED).fetchall():
                 if vid not in found.problem.vids:
                     found.problem.vids.append(vid)
@@ -195,6 +199,7 @@ class _Found:
     chunks: set[bytes] = field(default_factory=set)
     paths: set[str] = field(default_factory=set)
     catalogs: set[int] = field(default_factory=set)
+    pins: set[str] = field(default_factory=set)
 
     def finish(self, orphans: int) -> Problem:
         p = self.problem
@@ -209,6 +214,8 @@ class _Found:
             p.message += "; the catalogs use none of its chunks"
         if self.catalogs:
             p.message += " (catalog generation " + ", ".join(map(str, sorted(self.catalogs))) + ")"
+        if self.pins:
+            p.message += " (pinned snapshot " + ", ".join(sorted(self.pins)) + ")"
         p.paths = sorted(self.paths)
         return p
 
@@ -223,19 +230,26 @@ def check(bucket: Bucket, store_uuid: str, tmpdir: Path, deep: bool = False,
         chk = _Check(bucket, work, report)
         chk.indexes()
         copies: list[tuple[CatalogObject, Path]] = []
-        for chain in chain_ends(retained_catalogs(bucket, store_uuid)):
+
+        def load(chain: list[CatalogObject], copy: Path) -> bool:
             cat = chain[-1]
-            copy = work / f"catalog-{cat.generation}.db"
             try:
                 if not materialize(bucket, chain, copy):
-                    continue  # replaced by a newer one since the listing
+                    return False  # replaced by a newer one (or unpinned) since the listing
             except RemoteError as e:
                 report.problems.append(Problem("catalog", f"{cat.key}: {e}" if cat.key not in str(e) else str(e)))
-                continue
+                return False
             chk.needed(copy)
             copies.append((cat, copy))
-            report.catalogs.append(cat.generation)
-        if not copies and not report.problems:
+            return True
+
+        for chain in chain_ends(retained_catalogs(bucket, store_uuid)):
+            if load(chain, work / f"catalog-{chain[-1].generation}.db"):
+                report.catalogs.append(chain[-1].generation)
+        for cat in pinned_catalogs(bucket):  # every consumer's pin in the prefix: remote gc keeps what they need
+            if load([cat], work / f"pin-{len(report.pins)}.db"):
+                report.pins.append(pin_name(cat.key))
+        if not report.catalogs and not report.problems:
             report.problems.append(Problem("catalog", f"{bucket.where}: store {store_uuid} has no catalog object "
                                            "(cowfs remote push uploads one)"))
         report.chunks_checked = int(chk.db.execute("SELECT count(*) FROM need").fetchone()[0])

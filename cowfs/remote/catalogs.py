@@ -60,6 +60,11 @@ def pinned_catalogs(bucket: Bucket) -> list[CatalogObject]:
                    if obj.key.endswith(PIN_SUFFIX)), key=lambda c: c.key)
 
 
+def pin_name(key: str) -> str:
+    """The snapshot name of a pin's key (`.../pins/NAME.db.zst`)."""
+    return key.rsplit("/", 1)[-1][:-len(PIN_SUFFIX)]
+
+
 def fetch_catalog(bucket: Bucket, key: str, dest: Path) -> bool:
     """The catalog object `key`, decompressed into `dest` (streamed: the decompressed copy is
     never held in memory). False if it was deleted since it was listed (its store uploaded a

@@ -30,9 +30,13 @@ FETCH_THREADS = 8  # stores' catalog objects fetched side by side in one batch o
 
 
 class UnionSource:
-    def __init__(self, cache: Path, cfg: RemoteConfig) -> None:
+    """`exclude`: a store left out (a producer's own, whose peers it shows beside its own
+    tree: fs/union_ops.py); such a source takes no pins."""
+
+    def __init__(self, cache: Path, cfg: RemoteConfig, exclude: str | None = None) -> None:
         self.cache = cache
         self.cfg = cfg
+        self.exclude = exclude
         self.shared = ConsumerBucket(cache, cfg)
         self.bucket = self.shared.bucket
         self.followers: dict[str, ReplicaSource] = {}
@@ -40,7 +44,7 @@ class UnionSource:
         self._resync = False  # a step failed after its store's file moved on: look at everything again
         self._held: dict[str, int] = {}  # store -> the generation the merged tree shows
         self.write_lock = threading.Lock()  # the merged catalog's writes: steps, and pins (pins.py)
-        self.pins: Pins | None = Pins(cache, self.shared, self.merged, self.write_lock)
+        self.pins: Pins | None = None if exclude else Pins(cache, self.shared, self.merged, self.write_lock)
         if self.shared.reset:
             for f in cache.glob("catalog-*.db*"):
                 f.unlink(missing_ok=True)
@@ -56,7 +60,8 @@ class UnionSource:
     def listed_stores(self) -> list[str]:
         """The stores under the prefix that have a catalog object (a store that published
         only where it listens for consumers has nothing to show yet)."""
-        return [u for u in self.shared.store_uuids() if u in self.followers or retained_catalogs(self.bucket, u)]
+        return [u for u in self.shared.store_uuids()
+                if u != self.exclude and (u in self.followers or retained_catalogs(self.bucket, u))]
 
     def add_store(self, store: str) -> ReplicaSource:
         follower = self.followers.get(store)
@@ -136,8 +141,7 @@ class UnionSource:
         newest catalog object (at mount, so the tree shows at once what the bucket holds);
         returns how many stores there are."""
         self.shared.learn_indexes()
-        assert self.pins is not None
-        pinned = self.pins.load()
+        pinned = self.pins.load() if self.pins is not None else 0
         if pinned:
             log.info("%d pinned snapshots shown", pinned)
         listed = self.listed_stores()

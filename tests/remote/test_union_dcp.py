@@ -2,7 +2,7 @@
 daemons on this machine, uploading into one prefix): gloo, world size 4, ranks 0 and 2 on
 one node and 1 and 3 on the other. A consumer of every store (`--all-stores`) lists the
 checkpoint as complete only once `.metadata` and every file it names are there, and loads
-it bitwise; a save (world size 2, one rank per node) in which a rank is killed never shows
+it bitwise, and so does the other node's own mount of the namespace (`--all-stores`); a save (world size 2, one rank per node) in which a rank is killed never shows
 as complete, and the one before still loads (docs/design.md section 17, "One namespace for a job")."""
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def complete(cons: Path) -> set[str]:
     return {c["path"] for c in json.loads(cowfs("checkpoints", str(cons), "--json").stdout) if c["kind"] == "dcp"}
 
 
+def own_files(node: Path, path: str) -> list[str]:
+    """The names the node's store itself holds in `path` (not the other nodes')."""
+    return sorted(line.split()[-1] for line in cowfs("ls", str(node), path).stdout.decode().splitlines())
+
+
 def whole_state(step: int) -> dict[str, "torch.Tensor"]:
     out: dict[str, torch.Tensor] = {}
     for r in range(WORLD):
@@ -57,7 +62,10 @@ def test_a_dcp_save_across_two_nodes_shows_whole_on_a_consumer(tmp_path, rgw, s3
     stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
     for p in stores:
         cowfs("remote", "set", str(p), url, "--endpoint", endpoint, "--notify", "127.0.0.1:0")
-    with mounted(stores[0], tmp_path / "n0") as n0, mounted(stores[1], tmp_path / "n1") as n1, \
+    for p in stores:
+        cowfs("remote", "push", str(p))  # both stores in the bucket before the nodes mount the namespace
+    with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
+            mounted(stores[1], tmp_path / "n1", "--all-stores") as n1, \
             Consumer(url, endpoint, tmp_path / "cons", tmp_path / "cache", "--all-stores") as cons:
         # the coordinator's .metadata before another node's file: not complete until it arrives
         for node in (n0, n1):
@@ -70,11 +78,17 @@ def test_a_dcp_save_across_two_nodes_shows_whole_on_a_consumer(tmp_path, rgw, s3
         wait_for("step-0 complete", lambda: "/job/step-0" in complete(cons))
 
         assert run_ranks(tmp_path, [n0, n1], 1, "save") == [0] * WORLD
-        assert sorted(os.listdir(n0 / "job" / "step-1")) == [".metadata", "__0_0.distcp", "__2_0.distcp"]
-        assert sorted(os.listdir(n1 / "job" / "step-1")) == ["__1_0.distcp", "__3_0.distcp"]
+        assert own_files(n0, "/job/step-1") == [".metadata", "__0_0.distcp", "__2_0.distcp"]
+        assert own_files(n1, "/job/step-1") == ["__1_0.distcp", "__3_0.distcp"]
         wait_for("step-1 complete on the consumer", lambda: "/job/step-1" in complete(cons))
         got = zeros_like(whole_state(1))
         dcp.load(got, storage_reader=dcp.FileSystemReader(cons / "job" / "step-1"))
+        assert same(got, whole_state(1))
+        # a restart on the other node: its own mount shows the whole checkpoint, and loads it
+        every = [".metadata"] + [f"__{r}_0.distcp" for r in range(WORLD)]
+        wait_for("step-1 whole on n1's own mount", lambda: sorted(os.listdir(n1 / "job" / "step-1")) == every)
+        got = zeros_like(whole_state(1))
+        dcp.load(got, storage_reader=dcp.FileSystemReader(n1 / "job" / "step-1"))
         assert same(got, whole_state(1))
 
         codes = run_ranks(tmp_path, [n0, n1], 2, "die", world=2)  # rank 1, on the other node, dies

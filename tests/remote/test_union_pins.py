@@ -109,6 +109,8 @@ def test_a_checkpoint_whole_across_stores_is_pinned_and_outlives_its_stores_hist
             cowfs("prune", str(node), "--keep-last", "1")
             cowfs("remote", "push", str(node))
         assert gc_until_deleted(stores) > 0
+        r = json.loads(cowfs("remote", "fsck", str(n0), "--json").stdout)
+        assert r["clean"] and r["pins"] == [SNAP], r  # the pin's chunks checked like a catalog's
         # a new consumer, with an empty cache, shows the pin whole from the bucket
         with Consumer(url, endpoint, tmp_path / "cons", tmp_path / "cache2", "--all-stores") as cons:
             assert snapshots(cons) == [SNAP]
@@ -122,7 +124,7 @@ def test_a_checkpoint_whole_across_stores_is_pinned_and_outlives_its_stores_hist
             assert snapshots(cons) == [] and keys(s3_bucket, "job/pins/") == []
         assert gc_until_deleted(stores) > 0  # the packs only the pin held
         r = json.loads(cowfs("remote", "fsck", str(n0), "--json").stdout)
-        assert r["clean"], r
+        assert r["clean"] and r["pins"] == [], r
 
 
 def test_snapshot_on_needs_every_store_and_one_store_takes_none(stores, tmp_path, rgw, s3_bucket):
@@ -137,3 +139,22 @@ def test_snapshot_on_needs_every_store_and_one_store_takes_none(stores, tmp_path
         r = cowfs("snapshot", "create", str(cons), "s1", check=False)
         assert r.returncode != 0 and "--all-stores" in r.stderr.decode()
     assert keys(s3_bucket, "job/pins/") == []
+
+
+def test_a_pin_whose_packs_are_gone_is_named_by_the_bucket_fsck(stores, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/job"
+    cowfs("remote", "set", str(stores[0]), url, "--endpoint", rgw.credentials.endpoint)
+    with mounted(stores[0], tmp_path / "n0") as n0:
+        (n0 / "weights.bin").write_bytes(data(MIB, 3))
+        cowfs("remote", "push", str(n0))
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", tmp_path / "cache", "--all-stores") as cons:
+            wait_for("the file", lambda: has_bytes(cons / "weights.bin", data(MIB, 3)))
+            cowfs("snapshot", "create", str(cons), "p1")
+        packs = keys(s3_bucket, "job/packs/")
+        assert packs
+        s3_bucket.client.delete_objects(Bucket=s3_bucket.name, Delete={"Objects": [{"Key": k} for k in packs]})
+        r = cowfs("remote", "fsck", str(n0), "--json", check=False)
+        report = json.loads(r.stdout)
+        assert r.returncode == 1 and not report["clean"] and report["pins"] == ["p1"]
+        assert any("pinned snapshot p1" in line and "/weights.bin" in line for line in report["problems"]), report
+        (n0 / "weights.bin").unlink()  # the store's fsck at the end needs nothing from the bucket

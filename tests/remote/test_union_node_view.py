@@ -1,0 +1,96 @@
+"""A node's own mount of the job's namespace (docs/design.md section 17, "A node's own mount
+of the namespace"): `cowfs mount STORE MNT --all-stores` shows the other stores' files beside
+the store's own, follows their new versions, lets the node write its own files anywhere (a
+directory only the others have is made in the store first), refuses changes to the others'
+files, and its own entry wins where both hold a path."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from cowfs.plugins.get import is_memfd, open_read
+from tests.support.consumerutil import has_bytes, wait_for
+from tests.support.mountutil import cowfs, mounted
+from tests.support.storeutil import assert_clean, data, new_store
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def aws_env(rgw, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+
+
+def names(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+@pytest.mark.long
+def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/job"
+    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
+    for p in stores:
+        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
+        cowfs("remote", "push", str(p))  # both stores in the bucket before either mounts
+    with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
+            mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
+        step = Path("run1") / "step-1"
+        for rank, node in enumerate((n0, n1)):
+            (node / step).mkdir(parents=True)
+            (node / step / f"__{rank}_0.distcp").write_bytes(data(MIB, rank))
+        for node in (n0, n1):  # every rank's file on every node, whichever wrote it
+            for rank in range(2):
+                wait_for(f"rank {rank}'s file on {node.name}",
+                         lambda node=node, rank=rank: has_bytes(node / step / f"__{rank}_0.distcp", data(MIB, rank)))
+            assert names(node / step) == ["__0_0.distcp", "__1_0.distcp"]
+        # a new version of the other node's file shows, with its extended attributes
+        os.setxattr(n0 / step / "__0_0.distcp", "user.rank", b"0")
+        (n0 / step / "__0_0.distcp").write_bytes(data(MIB, 7))
+        wait_for("n0's new version on n1", lambda: has_bytes(n1 / step / "__0_0.distcp", data(MIB, 7)))
+        assert os.getxattr(n1 / step / "__0_0.distcp", "user.rank") == b"0"
+        assert os.listxattr(n1 / step / "__1_0.distcp") == []
+        with open_read(n1 / step / "__0_0.distcp") as f:  # through the bulk socket: a memfd of its bytes
+            assert is_memfd(f.fileno()) and f.read() == data(MIB, 7)
+        # the other node's files cannot be removed or moved here
+        for change in (lambda: (n1 / step / "__0_0.distcp").unlink(),
+                       lambda: (n1 / step / "__0_0.distcp").rename(n1 / step / "moved")):
+            with pytest.raises(OSError) as e:
+                change()
+            assert e.value.errno == errno.EROFS
+        # a directory only the other node has: this node's file goes into its own copy of it
+        (n1 / "run1" / "step-2").mkdir()
+        (n1 / "run1" / "step-2" / "__1_0.distcp").write_bytes(data(MIB, 12))
+        wait_for("n1's step-2 on n0", lambda: (n0 / "run1" / "step-2" / "__1_0.distcp").exists())
+        (n0 / "run1" / "step-2" / "__0_0.distcp").write_bytes(data(MIB, 2))
+        assert b"step-2" in cowfs("ls", str(n0), "/run1").stdout  # in the store itself
+        wait_for("n0's step-2 file on n1", lambda: has_bytes(n1 / "run1" / "step-2" / "__0_0.distcp", data(MIB, 2)))
+        assert names(n0 / "run1" / "step-2") == names(n1 / "run1" / "step-2") == ["__0_0.distcp", "__1_0.distcp"]
+        # both hold one path: each node shows its own; once its own goes, the other's
+        (n0 / "run1" / "latest").write_text("from n0")
+        wait_for("n0's latest on n1", lambda: has_bytes(n1 / "run1" / "latest", b"from n0"))
+        (n1 / "run1" / "latest").write_text("from n1")
+        assert (n0 / "run1" / "latest").read_text() == "from n0"
+        wait_for("n1's own latest", lambda: has_bytes(n1 / "run1" / "latest", b"from n1"))
+        (n1 / "run1" / "latest").unlink()
+        wait_for("n0's latest again on n1", lambda: has_bytes(n1 / "run1" / "latest", b"from n0"))
+        # written in place over the other node's file: a copy of it, changed, is this node's own
+        with open(n1 / step / "__0_0.distcp", "r+b") as f:
+            f.write(b"n1")
+        expect = b"n1" + data(MIB, 7)[2:]
+        assert (n1 / step / "__0_0.distcp").read_bytes() == expect
+        assert cowfs("cat", str(n1), f"/{step}/__0_0.distcp").stdout == expect  # in the store itself
+        assert (n0 / step / "__0_0.distcp").read_bytes() == data(MIB, 7)
+    for p in stores:
+        assert_clean(p)
+
+
+def test_all_stores_on_a_store_without_a_remote_is_refused(tmp_path):
+    store = new_store(tmp_path / "s")
+    (tmp_path / "m").mkdir()
+    r = cowfs("mount", str(store), str(tmp_path / "m"), "--all-stores", check=False)
+    assert r.returncode != 0 and "no remote" in r.stderr.decode() and r.stderr.decode().count("\n") == 1
+    assert_clean(store)
