@@ -5,6 +5,7 @@ import argparse
 import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from .cli_common import TARGET_HELP, fmt_time, progress_bar
@@ -108,6 +109,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    if args.into is not None:
+        return _restore_into(args)
     with Target(args.store) as t:
         r = t.call("restore", path=args.path, snapshot=args.snapshot, generation=args.generation, to=args.to)
     source = f"snapshot {args.snapshot}" if args.snapshot else f"generation {args.generation}"
@@ -117,6 +120,19 @@ def cmd_restore(args: argparse.Namespace) -> int:
     else:
         print(f"restored {args.path} as of {source} to {r['path']} ({r['size']} bytes, generation {r['generation']}); "
               "the replaced version stays in the history")
+    return 0
+
+
+def _restore_into(args: argparse.Namespace) -> int:
+    from .copy_out import copy_out, mountpoint_of
+
+    if args.snapshot is None:
+        raise InvalidArgument("--into copies out of a snapshot: give --snapshot NAME")
+    mnt = mountpoint_of(args.store)
+    done = copy_out(mnt, args.snapshot, args.path, Path(args.into))
+    print(f"restored {args.path} as of snapshot {args.snapshot} into {Path(args.into).absolute()} ({done.files} files, "
+          f"{human_bytes(done.bytes)}), read through {mnt} and checked; each file fsynced, the directory renamed "
+          "into place last")
     return 0
 
 
@@ -199,7 +215,12 @@ def add_commands(sub: Any) -> None:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--snapshot", metavar="NAME")
     g.add_argument("--generation", metavar="G", type=int)
-    s.add_argument("--to", metavar="DEST", help="restore to this path instead (its directory must exist)")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--to", metavar="DEST", help="restore to this path instead (its directory must exist)")
+    where.add_argument("--into", metavar="DIR",
+                       help="copy it out of the snapshot, through the mount, to DIR on any file system (DIR must not "
+                       "exist; made whole or not at all): how to restore from a read-only mount, such as a "
+                       "consumer's or the union of a job's stores")
     s.set_defaults(fn=cmd_restore)
 
     s = sub.add_parser("prune", help="delete snapshots by keep rules, then reclaim space",

@@ -3,7 +3,7 @@ snapshots"): a consumer of every store with `--snapshot-on checkpoint` snapshots
 checkpoint written across two stores once every file its `.metadata` names is there (also
 when a rank's file arrives after the `.metadata`), pins it in the bucket, and the pin keeps
 what it shows through the stores' prune and remote gc; every later `--all-stores` mount
-shows it; deleting it lets remote gc take its packs."""
+shows it, and `cowfs restore --into` copies it out; deleting it lets remote gc take its packs."""
 from __future__ import annotations
 
 import json
@@ -37,6 +37,10 @@ def stores(tmp_path):
 def keys(s3_bucket, prefix: str) -> list[str]:
     resp = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix=prefix)
     return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def names(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
 
 
 def snapshots(mnt: Path) -> list[str]:
@@ -85,7 +89,7 @@ def test_a_checkpoint_whole_across_stores_is_pinned_and_outlives_its_stores_hist
             assert snapshots(cons) == [SNAP]
             assert keys(s3_bucket, "job/pins/") == [f"job/pins/{SNAP}.db.zst"]
             shown = cons / ".snapshots" / SNAP / step
-            assert sorted(p.name for p in shown.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+            assert names(shown) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
             assert (shown / "__1_0.distcp").read_bytes() == data(MIB, 1)
             # a snapshot taken by hand is pinned too, and deleted with its pin
             cowfs("snapshot", "create", str(cons), "by-hand")
@@ -115,10 +119,15 @@ def test_a_checkpoint_whole_across_stores_is_pinned_and_outlives_its_stores_hist
         with Consumer(url, endpoint, tmp_path / "cons", tmp_path / "cache2", "--all-stores") as cons:
             assert snapshots(cons) == [SNAP]
             shown = cons / ".snapshots" / SNAP / step
-            assert sorted(p.name for p in shown.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+            assert names(shown) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
             for rank in range(2):
                 assert (shown / f"__{rank}_0.distcp").read_bytes() == data(MIB, rank)
             assert (shown / ".metadata").read_bytes() == dcp_metadata(2)
+            # restored from the union: copied out of the pinned snapshot onto a plain disk
+            cowfs("restore", str(cons), f"/{step}", "--snapshot", SNAP, "--into", str(tmp_path / "restored"))
+            assert names(tmp_path / "restored") == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+            for rank in range(2):
+                assert (tmp_path / "restored" / f"__{rank}_0.distcp").read_bytes() == data(MIB, rank)
             assert list((cons / step).iterdir()) == []  # the live tree has lost them
             cowfs("snapshot", "delete", str(cons), SNAP)
             assert snapshots(cons) == [] and keys(s3_bucket, "job/pins/") == []
