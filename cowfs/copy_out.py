@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .errors import Exists, InvalidArgument, NotFound
 from .mountinfo import mounted_cowfs
+from .store.log.layout import fsync_dir
 
 PIECE = 8 << 20  # bytes per read while copying
 
@@ -97,18 +98,11 @@ def copy_out(mountpoint: Path, snapshot: str, path: str, into: Path) -> Copied:
         for d, st in dirs:  # deepest first (appended after their children): the times stay
             os.chmod(d, stat.S_IMODE(st.st_mode))
             os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
-            _fsync_dir(d)
+            fsync_dir(d)
         os.rename(work, into)
     except BaseException:
         _remove(work)
         raise
-    _fsync_dir(into.parent)
+    fsync_dir(into.parent)
     return done
 
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
