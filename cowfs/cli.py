@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the union of every store under the prefix (the nodes of one job), following stores "
                    "as they appear; where two stores hold one path, the later commit wins (docs/design.md). "
                    "On a store's own mount (its remote set): the other stores' files beside its own, read-only, "
-                   "its own entry winning where both hold a path; --cache-size bounds their cached blocks")
+                   "the later change showing where both hold a path; --cache-size bounds their cached blocks")
     s.set_defaults(fn=cmd_mount)
 
     s = sub.add_parser("umount", help="unmount", description="Commit what is open, unmount, and wait for the daemon to exit.",

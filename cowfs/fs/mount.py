@@ -242,7 +242,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         if all_stores:  # the job's namespace: the other nodes' files beside this store's own
             from .union_ops import UnionOperations, open_peers
             peers = open_peers(store, peers_cache_size)
-            ops: CowfsOperations = UnionOperations(store, peers.replica)
+            ops: CowfsOperations = UnionOperations(store, peers)
             log.info("showing the other stores under %s beside this one's files", peers.source.cfg.url)
         else:
             ops = CowfsOperations(store)

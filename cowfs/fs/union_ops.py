@@ -6,8 +6,9 @@ The other stores under the prefix are followed as a consumer of every store foll
 (remote/union_source.py, leaving this store out), into a merged catalog in `STORE/peers/`
 that a `Replica` serves; this module lays that tree under the store's own, by path:
 
-* A path the store has shows the store's entry (its own entry wins, whatever the peers
-  hold there); a directory both have lists the union of their entries.
+* A path the store has shows the store's entry, unless another store's entry there wins by
+  the clash rule (union_clash.py: the later change, as on every consumer); a directory both
+  have lists the union of their entries.
 * A path only the peers have shows theirs, in a view of its own (FUSE inode numbers
   `view << 40 | merged inode`), read-only, live (1 s timeouts), read from the bucket and
   checked as a consumer's reads are.
@@ -27,6 +28,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
+from typing import Any, Coroutine
 
 import pyfuse3
 import trio
@@ -43,6 +45,7 @@ from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig
 from .dispatch import in_thread, translate_errors, wait_future
 from .handles import OpenFile
 from .operations import CowfsOperations
+from .union_clash import PeerWins
 from .views import LIVE_VIEW, SNAPDIR_INO, View, ViewTable
 
 log = logging.getLogger("cowfs.fs")
@@ -57,9 +60,10 @@ def _join(path: str, name: bytes) -> str:
 
 
 class UnionOperations(CowfsOperations):
-    def __init__(self, store: Store, peers: Replica) -> None:
+    def __init__(self, store: Store, peers: "Peers") -> None:
         super().__init__(store)
-        self.peers = peers
+        self.peers = peers.replica
+        self.wins = peers.wins
         self.peer_view: View = self.views.reserve(PEERS_VIEW)
         self._redirect: dict[int, int] = {}  # a peer file's FUSE inode -> the store's file written over it
 
@@ -101,6 +105,11 @@ class UnionOperations(CowfsOperations):
             return await super().lookup(parent_inode, name, ctx)
         view, ino = self._decode(parent_inode)
         if view.live:
+            if self.wins:  # another store's later change at this path shows instead (union_clash.py)
+                path = _join(self._path(self.store, ino), name)
+                theirs = self._at(self.peers, path) if path in self.wins else None
+                if theirs is not None:
+                    return self._peer_entry(theirs)
             try:
                 return await super().lookup(parent_inode, name, ctx)
             except pyfuse3.FUSEError as e:
@@ -109,10 +118,11 @@ class UnionOperations(CowfsOperations):
             path = _join(self._path(self.store, ino), name)
         elif self._is_peer(view):
             path = _join(self._path(self.peers, ino), name)
-            try:  # the store's own entry wins (made there since the kernel looked up the parent)
-                return self._known(LIVE_VIEW, self.store.holds.looked_up(lambda: self.store.resolve(path)))
-            except (NotFound, NotADirectory):
-                pass
+            if path not in self.wins:
+                try:  # the store's own entry (made there since the kernel looked up the parent)
+                    return self._known(LIVE_VIEW, self.store.holds.looked_up(lambda: self.store.resolve(path)))
+                except (NotFound, NotADirectory):
+                    pass
         else:
             return await super().lookup(parent_inode, name, ctx)
         attr = self._at(self.peers, path)
@@ -164,6 +174,9 @@ class UnionOperations(CowfsOperations):
             own = [] if own_dir is None or not own_dir.is_dir else [
                 (name, self._entry(LIVE_VIEW, a)) for name, a in self.store.readdir(own_dir.ino)]
             theirs = self.peers.readdir(ino)
+        if self.wins:  # the store's entries another store's later change wins over (union_clash.py)
+            beaten = {name for name, _ in own if _join(path, name) in self.wins}
+            own = [(name, e) for name, e in own if name not in beaten]
         names = {name for name, _ in own}
         return own + [(name, self._peer_entry(a)) for name, a in theirs if name not in names]
 
@@ -316,31 +329,38 @@ class UnionOperations(CowfsOperations):
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         return await super().symlink(await self._own_parent(parent_inode), name, target, ctx)
 
-    async def _peers_only(self, parent_inode: int, name: bytes) -> bool:
-        """Whether `name` under the store's directory `parent_inode` is only the peers'."""
+    async def _shown_is_peers(self, parent_inode: int, name: bytes, missing: bool) -> bool:
+        """Whether the entry shown at `name` under the store's directory `parent_inode` is
+        another store's: one that wins there by the clash rule, or (`missing`: the store has
+        none) any the peers hold."""
         view, ino = self._decode(parent_inode)
-        if not view.live:
+        if not view.live or (not missing and not self.wins):
             return False
         path = _join(await in_thread(self._path, self.store, ino), name)
-        return await in_thread(self._at, self.peers, path) is not None
+        if path in self.wins:
+            return True
+        return missing and await in_thread(self._at, self.peers, path) is not None
+
+    async def _own_only(self, parent_inode: int, name: bytes, what: str, change: Coroutine[Any, Any, None]) -> None:
+        """Run `change` (a removal of the store's entry), or EROFS when the entry shown there is
+        another store's."""
+        if await self._shown_is_peers(parent_inode, name, missing=False):
+            change.close()
+            raise ReadOnly(f"another node's {what}: read-only here")
+        try:
+            await change
+        except pyfuse3.FUSEError as e:
+            if e.errno == errno.ENOENT and await self._shown_is_peers(parent_inode, name, missing=True):
+                raise ReadOnly(f"another node's {what}: read-only here") from None
+            raise
 
     @translate_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        try:
-            await super().unlink(parent_inode, name, ctx)
-        except pyfuse3.FUSEError as e:
-            if e.errno == errno.ENOENT and await self._peers_only(parent_inode, name):
-                raise ReadOnly("another node's file: read-only here") from None
-            raise
+        await self._own_only(parent_inode, name, "file", super().unlink(parent_inode, name, ctx))
 
     @translate_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        try:
-            await super().rmdir(parent_inode, name, ctx)
-        except pyfuse3.FUSEError as e:
-            if e.errno == errno.ENOENT and await self._peers_only(parent_inode, name):
-                raise ReadOnly("another node's directory: read-only here") from None
-            raise
+        await self._own_only(parent_inode, name, "directory", super().rmdir(parent_inode, name, ctx))
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
@@ -352,27 +372,36 @@ class UnionOperations(CowfsOperations):
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         if parent_inode_old != SNAPDIR_INO and self._is_peer(self._decode(parent_inode_old)[0]):
             raise ReadOnly("another node's file: read-only here")
-        try:
-            new = await self._own_parent(parent_inode_new)
-            await super().rename(parent_inode_old, name_old, new, name_new, flags, ctx)
-        except pyfuse3.FUSEError as e:
-            if e.errno == errno.ENOENT and await self._peers_only(parent_inode_old, name_old):
-                raise ReadOnly("another node's file: read-only here") from None
-            raise
+
+        async def move() -> None:
+            await super(UnionOperations, self).rename(parent_inode_old, name_old,
+                                                      await self._own_parent(parent_inode_new), name_new, flags, ctx)
+
+        await self._own_only(parent_inode_old, name_old, "file", move())
 
     # -- the peers' steps -----------------------------------------------------------------------
 
     def _stale(self, changes: Changes) -> tuple[list[tuple[int, bytes]], list[int]]:
-        """(worker thread) The kernel's entries and inodes a peers' step made stale."""
-        entries = []
+        """(worker thread) The clash rule applied at the paths a peers' step changed, and the
+        kernel's entries and inodes it made stale."""
+        entries, paths = [], set()
         for parent, name in changes.entries:
             entries.append((ViewTable.encode(self.peer_view, parent), name))
             try:
-                own_dir = self._at(self.store, self._path(self.peers, parent))
+                path = self._path(self.peers, parent)
             except CowfsError:
                 continue
+            paths.add(_join(path, name))
+            own_dir = self._at(self.store, path)
             if own_dir is not None and own_dir.is_dir:
                 entries.append((ViewTable.encode(LIVE_VIEW, own_dir.ino), name))
+        for ino in changes.inos:  # a new version at a path the store holds too may win there now
+            paths.update(self.peers.paths_of(ino, self.peers.generation))
+        for path in self.wins.look(paths):  # the winner changed: the kernel looks the name up again
+            head, _, name = path.rpartition("/")
+            own_dir = self._at(self.store, head or "/")
+            if own_dir is not None and own_dir.is_dir:
+                entries.append((ViewTable.encode(LIVE_VIEW, own_dir.ino), os.fsencode(name)))
         return entries, [ViewTable.encode(self.peer_view, ino) for ino in changes.inos]
 
     async def peers_changed(self, changes: Changes) -> None:
@@ -396,11 +425,14 @@ PEERS_DIR = "peers"  # STORE/peers/: the peers' merged catalog and blocks (forma
 
 @dataclass
 class Peers:
-    """The other stores under the prefix, followed (`source`) and served (`replica`)."""
+    """The other stores under the prefix, followed (`source`) and served (`replica`), and the
+    paths where one of them wins over the store (`wins`)."""
     source: UnionSource
     replica: Replica
+    wins: PeerWins
 
     def close(self) -> None:
+        self.wins.close()
         self.replica.close()
         self.source.close()
 
@@ -417,7 +449,15 @@ def open_peers(store: Store, cache_size: int) -> Peers:
     try:
         source.catch_up()
         config = StoreConfig(store_uuid=NAMESPACE_UUID, device="file", segment_size=DEFAULT_SEGMENT_SIZE)
-        return Peers(source, Replica(cache, config, source.path, source, cache_size))
+        replica = Replica(cache, config, source.path, source, cache_size)
     except BaseException:
         source.close()
         raise
+    wins = PeerWins(store, source)
+    peers = Peers(source, replica, wins)
+    try:
+        wins.look_everywhere()
+    except BaseException:
+        peers.close()
+        raise
+    return peers

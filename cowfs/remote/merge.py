@@ -149,6 +149,13 @@ def _candidate(store: str, conn: sqlite3.Connection, gen: int, path: bytes) -> C
     return Candidate(store, conn, gen, ino, v, (max(born, v.birth_gen), store))
 
 
+def entry_key(store: str, conn: sqlite3.Connection, gen: int, path: bytes) -> tuple[tuple[int, str], bool] | None:
+    """The clash rule's key of `store`'s entry at `path` as of `gen`, and whether it is a
+    directory; None if it has none there."""
+    c = _candidate(store, conn, gen, path)
+    return None if c is None else (c.key, c.is_dir)
+
+
 class MergedCatalog:
     """The merged catalog file at `path` (created if absent) over stores' catalog files;
     `remote_db`: the consumer's remote.db, whose pack numbers the chunk rows use."""
@@ -228,6 +235,18 @@ class MergedCatalog:
             changes = self._apply(reading, paths, {}, "forget")
         self.conn.execute("DELETE FROM replica_ns_stores WHERE store=?", (store,))
         return changes
+
+    def winners(self, paths: Iterable[bytes]) -> dict[bytes, tuple[tuple[int, str], bool]]:
+        """The clash rule's key of the winning store's entry at each path, and whether it is a
+        directory (paths no store holds are left out). The caller keeps steps away meanwhile."""
+        out: dict[bytes, tuple[tuple[int, str], bool]] = {}
+        with self._open_sources() as reading:
+            for path in paths:
+                cands = [c for c in (_candidate(s, conn, g, path) for s, conn, g in reading) if c is not None]
+                if cands:
+                    win = max(cands, key=lambda c: c.key)
+                    out[path] = (win.key, win.is_dir)
+        return out
 
     def _open_sources(self) -> "_Sources":
         return _Sources(self.sources)

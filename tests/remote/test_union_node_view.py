@@ -1,11 +1,12 @@
 """A node's own mount of the job's namespace (docs/design.md section 17, "A node's own mount
 of the namespace"): `cowfs mount STORE MNT --all-stores` shows the other stores' files beside
 the store's own, follows their new versions, lets the node write its own files anywhere (a
-directory only the others have is made in the store first), refuses changes to the others'
-files, and its own entry wins where both hold a path."""
+directory only the others have is made in the store first), cannot remove or move the others'
+files, and where both hold a path shows the later change, as consumers do."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,10 @@ MIB = 1 << 20
 def aws_env(rgw, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+
+
+def generation(mnt: Path) -> int:
+    return int(json.loads(cowfs("stats", str(mnt), "--json").stdout)["generations"])
 
 
 def names(d: Path) -> list[str]:
@@ -69,21 +74,36 @@ def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_b
         assert b"step-2" in cowfs("ls", str(n0), "/run1").stdout  # in the store itself
         wait_for("n0's step-2 file on n1", lambda: has_bytes(n1 / "run1" / "step-2" / "__0_0.distcp", data(MIB, 2)))
         assert names(n0 / "run1" / "step-2") == names(n1 / "run1" / "step-2") == ["__0_0.distcp", "__1_0.distcp"]
-        # both hold one path: each node shows its own; once its own goes, the other's
-        (n0 / "run1" / "latest").write_text("from n0")
-        wait_for("n0's latest on n1", lambda: has_bytes(n1 / "run1" / "latest", b"from n0"))
-        (n1 / "run1" / "latest").write_text("from n1")
-        assert (n0 / "run1" / "latest").read_text() == "from n0"
-        wait_for("n1's own latest", lambda: has_bytes(n1 / "run1" / "latest", b"from n1"))
-        (n1 / "run1" / "latest").unlink()
-        wait_for("n0's latest again on n1", lambda: has_bytes(n1 / "run1" / "latest", b"from n0"))
+        # both hold one path: the later write shows on both nodes (the clash rule, by the
+        # stores' Lamport clocks); once it goes, the other's shows again
+        latest = Path("run1") / "latest"
+        (n0 / latest).write_text("from n0")
+        wait_for("n0's latest on n1", lambda: has_bytes(n1 / latest, b"from n0"))
+        wait_for("n1's clock past n0's write", lambda g=generation(n0): generation(n1) >= g)
+        (n1 / latest).write_text("from n1")  # written over n0's file: n1's own copy, later
+        assert (n1 / latest).read_text() == "from n1"
+        wait_for("the later write on n0 too", lambda: has_bytes(n0 / latest, b"from n1"))
+        with pytest.raises(OSError) as e:  # shown there is n1's, over n0's own: not n0's to remove
+            (n0 / latest).unlink()
+        assert e.value.errno == errno.EROFS
+        wait_for("n0's clock past n1's write", lambda g=generation(n1): generation(n0) >= g)
+        (n0 / latest).write_text("from n0 again")
+        assert (n0 / latest).read_text() == "from n0 again"
+        wait_for("n0's later write on n1", lambda: has_bytes(n1 / latest, b"from n0 again"))
+        (n0 / latest).unlink()
+        wait_for("n1's again on n0", lambda: has_bytes(n0 / latest, b"from n1"))
+        wait_for("n1's own on n1", lambda: has_bytes(n1 / latest, b"from n1"))
+        with pytest.raises(OSError) as e:  # only n1 holds it now
+            (n0 / latest).unlink()
+        assert e.value.errno == errno.EROFS
         # written in place over the other node's file: a copy of it, changed, is this node's own
         with open(n1 / step / "__0_0.distcp", "r+b") as f:
             f.write(b"n1")
         expect = b"n1" + data(MIB, 7)[2:]
         assert (n1 / step / "__0_0.distcp").read_bytes() == expect
         assert cowfs("cat", str(n1), f"/{step}/__0_0.distcp").stdout == expect  # in the store itself
-        assert (n0 / step / "__0_0.distcp").read_bytes() == data(MIB, 7)
+        wait_for("n1's later copy on n0 too", lambda: has_bytes(n0 / step / "__0_0.distcp", expect))
+        assert cowfs("cat", str(n0), f"/{step}/__0_0.distcp").stdout == data(MIB, 7)  # n0's own, shadowed
     for p in stores:
         assert_clean(p)
 
