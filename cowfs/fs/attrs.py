@@ -4,7 +4,9 @@ commit will: the session's size, the mtime the kernel gave, and the time of a tr
 (the kernel leaves a size change's mtime and ctime to the file system)."""
 from __future__ import annotations
 
+import os
 import stat
+from pathlib import Path
 
 import pyfuse3
 
@@ -64,3 +66,14 @@ def snapdir_entry(store: Store) -> pyfuse3.EntryAttributes:
     e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = newest
     e.st_blksize = 4096
     return e
+
+
+def statfs_of(root: Path) -> pyfuse3.StatvfsData:
+    """What statfs shows: the file system holding the store."""
+    st = os.statvfs(root)
+    s = pyfuse3.StatvfsData()
+    s.f_bsize, s.f_frsize = st.f_bsize, st.f_frsize
+    s.f_blocks, s.f_bfree, s.f_bavail = st.f_blocks, st.f_bfree, st.f_bavail
+    s.f_files, s.f_ffree, s.f_favail = st.f_files, st.f_ffree, st.f_favail
+    s.f_namemax = 255
+    return s

@@ -24,7 +24,7 @@ from ..store import Attr, Store
 from ..store.catalog.snapshots import validate_snapshot_name
 from ..store.data.reader import FileReader
 from ..store.data.session import WriteSession
-from .attrs import entry_of, snapdir_entry
+from .attrs import entry_of, snapdir_entry, statfs_of
 from .corrupt_log import CorruptLog
 from .dispatch import in_thread, translate_errors, wait_future
 from .handles import HandleTable, OpenFile, SharedSession
@@ -42,8 +42,6 @@ def _commit_unless_held(session: WriteSession, held: tuple[int, int, int] | None
     if held is not None and holds_writable(*held):
         return HELD
     return session.commit()
-
-
 
 
 async def _after_put(shared: SharedSession | None) -> None:
@@ -178,13 +176,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
 
     @translate_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        st = os.statvfs(self.store.root)
-        s = pyfuse3.StatvfsData()
-        s.f_bsize, s.f_frsize = st.f_bsize, st.f_frsize
-        s.f_blocks, s.f_bfree, s.f_bavail = st.f_blocks, st.f_bfree, st.f_bavail
-        s.f_files, s.f_ffree, s.f_favail = st.f_files, st.f_ffree, st.f_favail
-        s.f_namemax = 255
-        return s
+        return statfs_of(self.store.root)
 
     # -- directories -----------------------------------------------------------------
 

@@ -115,8 +115,12 @@ def test_a_checkpoint_whole_across_stores_is_pinned_and_outlives_its_stores_hist
         assert gc_until_deleted(stores) > 0
         r = json.loads(cowfs("remote", "fsck", str(n0), "--json").stdout)
         assert r["clean"] and r["pins"] == [SNAP], r  # the pin's chunks checked like a catalog's
-        # a new consumer, with an empty cache, shows the pin whole from the bucket
+        # a new consumer, with an empty cache, shows the pin whole from the bucket (a pin file a
+        # killed daemon left in the cache is deleted at start)
+        (tmp_path / "cache2").mkdir()
+        (tmp_path / "cache2" / "pin-build-1-2.db").write_bytes(b"cut short")
         with Consumer(url, endpoint, tmp_path / "cons", tmp_path / "cache2", "--all-stores") as cons:
+            assert not (tmp_path / "cache2" / "pin-build-1-2.db").exists()
             assert snapshots(cons) == [SNAP]
             shown = cons / ".snapshots" / SNAP / step
             assert names(shown) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
