@@ -7,7 +7,9 @@ fs/replica_changes.py), matched by the same rules as a producer's (store/checkpo
 and checked the same way (store/checkpoints/snapshot.py). Across stores a DCP `.metadata` can
 arrive before another node's `.distcp` files: such a checkpoint is remembered, and looked at
 again when a file arrives in its directory, so it is pinned once whole, never before.
-Everything in the union is committed, so no snapshot waits for writers.
+Everything in the union is committed, so no snapshot waits for writers. At mount, the
+checkpoints of the union's live tree that no pin names yet (completed while no such consumer
+was mounted) are pinned first.
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ import trio
 from ..remote.replica import Replica
 from ..store.catalog.events import VERSION, Event
 from ..store.checkpoints import snapshot as ckpt
-from ..store.checkpoints.rules import LightningLast, Trigger, detect
+from ..store.catalog import namespace as ns
+from ..store.checkpoints.rules import DCP, DCP_METADATA, DEEPSPEED, DEEPSPEED_LATEST, TRAINER, LightningLast, Trigger, detect
+from ..store.checkpoints.trainer_state import STATE_FILE
+from ..store.checkpoints.walk import ALL_KINDS, TreeWalker
 from .dispatch import in_thread
 from .snapshot_tasks import failures_logged, planned
 
@@ -56,10 +61,39 @@ async def union_checkpoint_snapshots(replica: Replica, task_status: Any = trio.T
     lightning = LightningLast()
     try:
         async with recv:
+            for trigger in await in_thread(unpinned, replica):  # complete before this mount
+                await _pin(replica, trigger, lightning, waiting)
             async for trigger in recv:
                 await _pin(replica, trigger, lightning, waiting)
     finally:
         unsubscribe()
+
+
+def unpinned(replica: Replica) -> list[Trigger]:
+    """(a worker thread, at mount) A trigger for each checkpoint of the union's live tree whose
+    snapshot name no pin has: those completed while no consumer with `--snapshot-on` was
+    mounted. A pin of that name counts as holding it (a checkpoint saved again at the same
+    path since its pin is not pinned again here)."""
+    names = {s.name for s in replica.snapshot_list()}
+
+    def fn(conn):  # type: ignore[no-untyped-def]
+        gen = ns.current_gen(conn)
+        out = []
+        for found in TreeWalker(conn).checkpoints(gen, "/", ALL_KINDS):
+            completing = {TRAINER: f"{found.path}/{STATE_FILE}", DCP: f"{found.path}/{DCP_METADATA}",
+                          DEEPSPEED: f"{found.path.rsplit('/', 1)[0]}/{DEEPSPEED_LATEST}"}.get(found.kind, found.path)
+            out.append(Trigger(found.kind, completing, gen))
+        return out
+
+    triggers = replica.catalog.read(fn)
+    wanted = []
+    for t in triggers:
+        try:
+            if ckpt.plan(replica, t).name not in names:
+                wanted.append(t)
+        except ckpt.NotComplete:
+            continue
+    return wanted
 
 
 async def _pin(replica: Replica, trigger: Trigger, lightning: LightningLast, waiting: dict[str, Trigger]) -> None:

@@ -171,3 +171,24 @@ def test_a_pin_whose_packs_are_gone_is_named_by_the_bucket_fsck(stores, tmp_path
         assert r.returncode == 1 and not report["clean"] and report["pins"] == ["p1"]
         assert any("pinned snapshot p1" in line and "/weights.bin" in line for line in report["problems"]), report
         (n0 / "weights.bin").unlink()  # the store's fsck at the end needs nothing from the bucket
+
+
+def test_a_checkpoint_completed_before_the_consumer_mounted_is_pinned_once(stores, tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/job"
+    cowfs("remote", "set", str(stores[0]), url, "--endpoint", rgw.credentials.endpoint)
+    with mounted(stores[0], tmp_path / "n0") as n0:
+        (n0 / "run" / "step-0").mkdir(parents=True)
+        (n0 / "run" / "step-0" / "__0_0.distcp").write_bytes(data(MIB, 9))
+        (n0 / "run" / "step-0" / ".metadata").write_bytes(dcp_metadata(1))
+        (n0 / "run" / "step-1").mkdir()
+        (n0 / "run" / "step-1" / ".metadata").write_bytes(dcp_metadata(1))  # its data file never came
+        cowfs("remote", "push", str(n0))
+        for cache in ("cache", "cache2"):  # a second consumer, later, finds the pin and takes none
+            with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", tmp_path / cache, "--all-stores",
+                          "--snapshot-on", "checkpoint") as cons:
+                wait_for("the pin of step-0", lambda: snapshots(cons) == ["run@step-0"])
+                assert keys(s3_bucket, "job/pins/") == ["job/pins/run@step-0.db.zst"]
+                assert (cons / ".snapshots" / "run@step-0" / "run" / "step-0" / "__0_0.distcp").read_bytes() == \
+                    data(MIB, 9)
+        assert "of /run/step-0, pinned in the bucket" in (tmp_path / "cache" / "cowfs.log").read_text()
+        assert "pinned in the bucket" not in (tmp_path / "cache2" / "cowfs.log").read_text()  # the second took none
