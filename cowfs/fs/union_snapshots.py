@@ -22,9 +22,10 @@ import trio
 
 from ..remote.replica import Replica
 from ..store.catalog.events import VERSION, Event
-from ..store.checkpoints import snapshot as ckpt
 from ..store.catalog import namespace as ns
-from ..store.checkpoints.rules import DCP, DCP_METADATA, DEEPSPEED, DEEPSPEED_LATEST, TRAINER, LightningLast, Trigger, detect
+from ..store.checkpoints import snapshot as ckpt
+from ..store.checkpoints.rules import (DCP, DCP_METADATA, DEEPSPEED, DEEPSPEED_LATEST, TRAINER, LightningLast, Trigger,
+                                       detect)
 from ..store.checkpoints.trainer_state import STATE_FILE
 from ..store.checkpoints.walk import ALL_KINDS, TreeWalker
 from .dispatch import in_thread
