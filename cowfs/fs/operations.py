@@ -302,7 +302,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO) from None
         f = self.handles.open_reader(inode, ino, reader)
         f.attr = attr
-        return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=not view.live)
+        return pyfuse3.FileInfo(fh=f.fh, direct_io=pending, keep_cache=view.gen is not None)  # a snapshot: immutable
 
     def store_of(self, view: View) -> Store:
         """The store whose inodes a view numbers (fs/union_ops.py adds the other nodes')."""
