@@ -4,7 +4,6 @@ directories merge; the store's own change at a path (or above it) takes it back 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

@@ -5,6 +5,8 @@
   region). Stopped by its pids at the end of the module, also when tests failed.
 - `s3_bucket`: an S3Bucket(name, client, credentials), a new empty bucket for each test with
   a boto3 client (SigV4, path-style) for it.
+- `aws_env`: the cluster's keys in AWS_* for the CLI and daemons a test starts (a module uses
+  it through `pytestmark = pytest.mark.usefixtures("aws_env")`).
 """
 from __future__ import annotations
 
@@ -74,3 +76,12 @@ def s3_bucket(rgw: RgwCluster, request: pytest.FixtureRequest) -> S3Bucket:
     client = s3_client(rgw.credentials)
     client.create_bucket(Bucket=name)
     return S3Bucket(name, client, rgw.credentials)
+
+
+@pytest.fixture
+def aws_env(rgw: RgwCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module's cluster's keys in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the daemons
+    and the CLI read them (`pytestmark = pytest.mark.usefixtures("aws_env")` in a module)."""
+    assert rgw.credentials is not None
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)

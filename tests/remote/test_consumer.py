@@ -24,10 +24,7 @@ from tests.support.mountutil import cowfs, kill9, mounted, read_ahead_kib, store
 from tests.support.storeutil import data
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def test_consumer_follows_the_producer(store_path, tmp_path, rgw, s3_bucket):

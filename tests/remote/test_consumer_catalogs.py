@@ -18,10 +18,7 @@ from tests.support.remoteutil import delete_pack, one_store, pack_names, put_fil
 from tests.support.storeutil import assert_clean, data
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def stray_rows(catalog: Path, source: ReplicaSource) -> int:

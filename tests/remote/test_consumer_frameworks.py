@@ -22,13 +22,7 @@ from tests.support.consumerutil import Consumer, Watch, drain, subscribed, wait_
 from tests.support.frameworkutil import assert_same
 from tests.support.mountutil import cowfs, mounted, store_path  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.mount
-
-
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = [pytest.mark.mount, pytest.mark.usefixtures("aws_env")]
 
 
 def model_state(step: int) -> dict[str, torch.Tensor]:

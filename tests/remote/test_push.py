@@ -25,10 +25,7 @@ def configure(store: Store, rgw, bucket: str, prefix: str = "p") -> RemoteConfig
     return cfg
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def test_push_uploads_chunks_and_catalog_then_only_what_is_new(tmp_path, rgw, s3_bucket, monkeypatch):

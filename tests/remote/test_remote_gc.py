@@ -31,10 +31,7 @@ GRACE = 2.0  # the shortest the protocol allows (doomed.MIN_GRACE)
 DEADLINE = 120.0
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def forget(s: Store, *names: str) -> None:

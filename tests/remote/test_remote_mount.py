@@ -17,10 +17,7 @@ from tests.support.storeutil import data
 UPLOAD_DEADLINE = 120.0  # seconds: generous, the machine may be busy
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def status(target: Path) -> dict:

@@ -26,10 +26,7 @@ from tests.support.dcp_ranks import same, state_for, zeros_like  # noqa: E402
 WORLD = 4
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def run_ranks(tmp_path: Path, nodes: list[Path], step: int, mode: str, world: int = WORLD) -> list[int]:

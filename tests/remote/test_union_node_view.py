@@ -20,10 +20,7 @@ from tests.support.storeutil import assert_clean, data, new_store
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def aws_env(rgw, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", rgw.credentials.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", rgw.credentials.secret_key)
+pytestmark = pytest.mark.usefixtures("aws_env")  # the engine's keys in AWS_* (conftest.py)
 
 
 def generation(mnt: Path) -> int:
