@@ -37,7 +37,7 @@ setup(
     ext_modules=[
         Extension(
             "cowfs._native",
-            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", "native/cdc.c", "native/fanout.c", "native/osutil.c",
+            ["native/cowfs_native.c", "native/blake3_batch.c", "native/dataplane.c", "native/cdc.c", "native/fanout.c", "native/osutil.c", "native/floatcodec.c", "native/fdelta_encode.c", "native/fdelta_decode.c",
              *blake3_sources],
             include_dirs=["native/blake3"],
             define_macros=blake3_macros,
@@ -45,7 +45,7 @@ setup(
             extra_compile_args=["-O3", "-Wall"],  # upstream's C compiles clean with these too
             # export PyInit__native alone: the vendored blake3_* symbols stay inside the module
             extra_link_args=["-Wl,--version-script=native/cowfs_native.map"],
-            libraries=["isal"],  # ISA-L's crc32_gzip_refl: zlib's CRC32, the one record headers carry (Debian: libisal-dev)
+            libraries=["isal", "m"],  # libm: the float codec's log2; ISA-L's crc32_gzip_refl: zlib's CRC32, the one record headers carry (Debian: libisal-dev)
         )
     ],
 )

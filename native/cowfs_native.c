@@ -17,6 +17,7 @@
 
 #include "blake3_batch.h"
 #include "dataplane.h"
+#include "floatcodec.h"
 #include "osutil.h"
 
 #ifndef MAP_SHARED_VALIDATE
@@ -450,6 +451,9 @@ static PyMethodDef native_methods[] = {
     {"cdc_config", cdc_config, METH_VARARGS, CDC_CONFIG_DOC},
     {"cdc_hash_batch", cdc_hash_batch, METH_VARARGS, CDC_HASH_BATCH_DOC},
     {"stage_records", stage_records, METH_VARARGS, STAGE_RECORDS_DOC},
+    /* floatcodec.c */
+    {"fdelta_encode", fdelta_encode, METH_VARARGS, FDELTA_ENCODE_DOC},
+    {"fdelta_decode", fdelta_decode, METH_VARARGS, FDELTA_DECODE_DOC},
     {NULL, NULL, 0, NULL}
 };
 
@@ -463,7 +467,8 @@ PyDoc_STRVAR(module_doc,
 "payload CRC32s by ISA-L (crc32) and the read-time check of a window's payloads\n"
 "(crc32_mismatch), and the BLAKE3-256 chunk ids of every span of a batch in one\n"
 "call (blake3_many; native/blake3_batch.c), and the write\n"
-"path's batches: FastCDC cuts with ids, and staged records (native/dataplane.c).\n"
+"path's batches: FastCDC cuts with ids, and staged records (native/dataplane.c), and\n"
+"the context-modelled float delta codec (fdelta_encode, fdelta_decode; native/floatcodec.c).\n"
 "Linux only.");
 
 static struct PyModuleDef native_module = {

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteError, StoreError
-from ..store.catalog.schema import SCHEMA_VERSION
+from ..store.catalog.schema import SAME_TABLES, SCHEMA_VERSION
 from ..store.log.log import Location
 from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs
 from .changes import Changes, scan
@@ -201,8 +201,8 @@ class ReplicaSource:
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
             (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if int(version) != SCHEMA_VERSION:
-                raise StoreError(f"{cat.key}: catalog schema version {version}; this cowfs reads {SCHEMA_VERSION}")
+            if int(version) not in SAME_TABLES:
+                raise StoreError(f"{cat.key}: catalog schema version {version}; this cowfs reads {SAME_TABLES[0]}-{SCHEMA_VERSION}")
             conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
             conn.execute("BEGIN")
             conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")

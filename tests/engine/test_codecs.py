@@ -10,13 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cowfs import _native
 from cowfs.errors import CorruptData
 from cowfs.store.log.codecs import (
+    CODEC_FDELTA,
     CODEC_GROUPED,
     CODEC_RAW,
     CODEC_SUB,
     CODEC_XOR,
     DELTA_MAX_SHARE,
+    FDELTA_SURE,
     ID_SIZE,
     base_of,
     decode,
@@ -161,3 +164,48 @@ def test_blosc2_is_loaded_at_first_use_with_the_gil_released():
 
     codecs.encode_whole(bytes(range(256)) * 64, 4)
     assert blosc2.set_releasegil(True) is True  # the previous setting: the engine's first use set it
+
+
+def test_a_float_piece_takes_the_float_delta_and_decodes_exactly() -> None:
+    old = weights(1 << 18, 4)
+    new = old + np.random.default_rng(5).normal(0, 1e-4, old.shape).astype(np.float32)
+    base, raw = bf16(old), bf16(new)
+    base_id = b"f" * ID_SIZE
+    enc = encode_delta(raw, 2, base_id, base, NEVER, "BF16")
+    sub = encode_delta(raw, 2, base_id, base, NEVER)  # no dtype: the Blosc2 delta as before
+    assert enc is not None and sub is not None and sub.codec == CODEC_SUB
+    assert enc.codec == CODEC_FDELTA and base_of(enc.codec, enc.payload) == base_id
+    assert enc.stored_len < sub.stored_len and enc.stored_len <= FDELTA_SURE * len(raw)
+    assert bytes(decode(enc.codec, enc.payload, len(raw), lambda i: base)) == raw
+    # f32 and f16 too; a dtype whose element size does not match falls back to Blosc2's
+    for dtype, arr in (("F32", np.float32), ("F16", np.float16)):
+        b32, r32 = old.astype(arr).tobytes(), new.astype(arr).tobytes()
+        e = encode_delta(r32, arr().itemsize, base_id, b32, NEVER, dtype)
+        assert e is not None and bytes(decode(e.codec, e.payload, len(r32), lambda i: b32)) == r32
+    assert encode_delta(raw, 2, base_id, base, NEVER, "F32").codec == CODEC_SUB  # type: ignore[union-attr]
+
+
+def test_the_smaller_delta_wins_and_none_when_neither_saves_a_tenth() -> None:
+    """An AdamW second moment one checkpoint older: the same decay for every element, plus a
+    little noise. Blosc2's LZ finds the repeats a per-element model prices one by one."""
+    rng = np.random.default_rng(6)
+    v = rng.exponential(1e-6, 1 << 16).astype(np.float32)
+    base, raw = bf16(v), bf16(v / 0.98 + rng.exponential(1e-8, v.size))
+    enc = encode_delta(raw, 2, b"r" * ID_SIZE, base, NEVER, "BF16")
+    assert enc is not None and enc.codec == CODEC_SUB
+    assert enc.stored_len - ID_SIZE < len(_native.fdelta_encode(raw, base, 2, 7, 8, NEVER))
+    noise = np.random.default_rng(8).integers(0, 1 << 16, 1 << 16, dtype=np.uint16).tobytes()
+    assert encode_delta(noise, 2, b"r" * ID_SIZE, base, len(noise), "BF16") is None
+
+
+def test_a_damaged_float_delta_is_corrupt_data() -> None:
+    old = weights(1 << 14, 7)
+    base, raw = bf16(old), bf16(old * 1.001)
+    enc = encode_delta(raw, 2, b"d" * ID_SIZE, base, NEVER, "BF16")
+    assert enc is not None and enc.codec == CODEC_FDELTA
+    bad = bytearray(enc.payload)
+    bad[ID_SIZE + 6] ^= 0xFF  # the element count
+    with pytest.raises(CorruptData, match="fdelta payload"):
+        decode(CODEC_FDELTA, bytes(bad), len(raw), lambda i: base)
+    with pytest.raises(CorruptData, match="fdelta payload"):
+        decode(CODEC_FDELTA, bytes(enc.payload)[:-9], len(raw), lambda i: base)

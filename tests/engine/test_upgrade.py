@@ -159,3 +159,48 @@ def test_version_2_store_is_refused_then_upgraded_with_its_lineage(v2_store: Pat
         for i in range(4):
             assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
     assert_clean(v2_store)
+
+
+# tests/data/store-v5.tar.gz was made by format version 5's code (commit b01fa6f): three bf16
+# checkpoints /checkpoint-{0,1,2}/model.safetensors of v5_series() below, compacted (the older
+# two as subtraction deltas, codec 3) and gc'd, in a store of 4 MiB "file" segments.
+V5 = Path(__file__).parent.parent / "data" / "store-v5.tar.gz"
+
+
+def v5_series(n: int = 4) -> list[bytes]:
+    g = torch.Generator().manual_seed(5)
+    w = {f"layers.{i}.weight": torch.randn(32, 256, generator=g) * 0.02 for i in range(2)}
+    out = []
+    for _ in range(n):
+        w = {k: v - 1e-4 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+        out.append(st_save({k: v.to(torch.bfloat16) for k, v in w.items()}))
+    return out
+
+
+def codec_counts(path: Path) -> dict[int, int]:
+    conn = sqlite3.connect(path / CATALOG_FILE)
+    try:
+        return dict(conn.execute("SELECT codec, count(*) FROM chunks GROUP BY codec").fetchall())
+    finally:
+        conn.close()
+
+
+def test_version_5_store_is_refused_then_upgraded_and_compacts_with_the_float_delta(tmp_path: Path) -> None:
+    store = unpack(V5, tmp_path)
+    files = v5_series()
+    with pytest.raises(StoreError, match=r"format version 5 .*cowfs upgrade"):
+        Store.open(store)
+    assert codec_counts(store).get(3) == 4 and 4 not in codec_counts(store)
+    assert upgrade(store) == (5, FORMAT_VERSION)
+    with Store.open(store) as s:
+        for i in range(3):
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+        s.mkdir(1, b"checkpoint-3")
+        s.write_file("/checkpoint-3/model.safetensors", files[3])
+        assert s.compact().deltas == 2  # checkpoint-2's pieces lean on the new ones
+        s.gc()
+        for i in range(4):
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+    counts = codec_counts(store)
+    assert counts.get(4) == 2 and counts.get(3) == 4, counts  # the old deltas stay as they were
+    assert_clean(store)

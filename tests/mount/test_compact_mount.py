@@ -49,7 +49,7 @@ def test_compact_through_the_daemon(store_path: Path, tmp_path: Path) -> None:
         for path, sha in shas.items():
             assert sha_file(path) == sha, path
         stats = json.loads(run_cowfs("stats", str(mnt), "--json").stdout)
-        assert stats["uncompacted_bodies"] == 0 and stats["codecs"]["sub"]["chunks"] > 0
+        assert stats["uncompacted_bodies"] == 0 and stats["codecs"]["fdelta"]["chunks"] > 0
         assert stats["stored_bytes"] < stats["unique_bytes"]
         again = json.loads(run_cowfs("compact", str(mnt), "--json").stdout)
         assert again["bodies"] == 0
@@ -75,7 +75,7 @@ def test_daemon_compacts_by_itself_when_idle(store_path: Path, tmp_path: Path) -
                 break
             assert time.monotonic() < deadline, f"not compacted within 120 s: {stats}"
             time.sleep(0.2)
-        assert stats["codecs"]["sub"]["chunks"] > 0
+        assert stats["codecs"]["fdelta"]["chunks"] > 0
         for path, sha in shas.items():
             assert sha_file(path) == sha, path
         assert "compacted" in (store_path / "cowfs.log").read_text()

@@ -16,7 +16,10 @@ subdirectories as of the generation its version row was born: every change of a
 directory's entries gives it a new version row, so that count holds over the row's life).
 Version 4 -> 5: versions.atime_ns (set to the row's mtime, which is what stat showed as
 atime before), versions.rdev (0) and versions.xattrs (NULL); inodes may now be of kind 4
-(fifos, sockets, device nodes), which older stores have none of.
+(fifos, sockets, device nodes), which older stores have none of. Version 5 -> 6: records may
+be of codec 4 (fdelta, the context-modelled float delta); no table changes, only the
+version moves, so that a cowfs that cannot decode such records refuses the store instead of
+failing on its reads.
 """
 from __future__ import annotations
 
@@ -78,9 +81,12 @@ CATALOG_4_TO_5 = (
     "ALTER TABLE versions ADD COLUMN xattrs BLOB",
     "UPDATE meta SET value = 5 WHERE key = 'schema_version'",
 )
+CATALOG_5_TO_6 = (
+    "UPDATE meta SET value = 6 WHERE key = 'schema_version'",
+)
 # schema version -> the statements (or functions of the connection) that bring it to the next
 STEPS: dict[int, Sequence[str | Callable[[sqlite3.Connection], None]]] = {
-    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4, 4: CATALOG_4_TO_5,
+    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4, 4: CATALOG_4_TO_5, 5: CATALOG_5_TO_6,
 }
 
 

@@ -17,6 +17,11 @@ Payloads:
   CODEC_XOR      the base chunk's id (32 bytes), then a Blosc2 chunk of raw XOR base
   CODEC_SUB      the base chunk's id (32 bytes), then a Blosc2 chunk of zigzag(raw - base),
                  elements as little-endian signed integers of the element size, wrapping
+  CODEC_FDELTA   the base chunk's id (32 bytes), then a float piece's difference from its
+                 base, each element's bit length coded by rANS under a context model (the
+                 base's exponent, the lane's previous length), the bits below it raw
+                 (native/floatcodec.c; format.md 3.2.1). Floats only (bf16, f16, f32): the
+                 tensor's dtype says where the exponent is.
 A delta's base has the same raw length. Decoding a delta needs the base's raw bytes, which
 may themselves be a delta: the compactor bounds that chain (MAX_CHAIN records per read).
 Subtraction beats XOR on checkpoints (docs/benchmarks.md, "Checkpoint codecs"): a small
@@ -30,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ... import _native
 from ...errors import CorruptData
-from .records import CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
+from .records import CODEC_FDELTA, CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,14 +56,17 @@ def _blosc2() -> Any:
         _blosc2_module = blosc2
     return _blosc2_module
 
-CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", CODEC_SUB: "sub"}
-DELTA_CODECS = (CODEC_XOR, CODEC_SUB)
+CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", CODEC_SUB: "sub", CODEC_FDELTA: "fdelta"}
+DELTA_CODECS = (CODEC_XOR, CODEC_SUB, CODEC_FDELTA)
+# float dtypes (safetensors names) the fdelta codec takes: (element size, mantissa bits, exponent bits)
+FLOAT_FORMATS = {"BF16": (2, 7, 8), "F16": (2, 10, 5), "F32": (4, 23, 8)}
 ID_SIZE = 32
 MAX_CHAIN = 4  # records a read of one piece may touch: itself and up to 3 bases
 DELTA_MAX_SHARE = 0.9  # a delta is kept only if at most this share of the piece's whole record:
 # every read of the piece (and of older pieces leaning on it) decodes one more record for it,
 # so a delta that saves little costs reads more than it saves space (docs/benchmarks.md)
 SUB_SIZES = (1, 2, 4, 8)  # element sizes the subtraction delta handles
+FDELTA_SURE = 0.25  # an fdelta at most this share of the raw piece is kept without trying Blosc2's
 CLEVEL = 1  # ZSTD level (docs/benchmarks.md, "Checkpoint codecs")
 MAX_TYPESIZE = 255  # Blosc2's limit for the shuffle's element size
 
@@ -126,20 +134,31 @@ def can_subtract(length: int, elem_size: int) -> bool:
 
 
 def encode_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_raw: bytes | memoryview,
-                 whole_len: int) -> Encoded | None:
-    """The difference against `base_raw` (subtraction per element where the length allows,
-    XOR otherwise), grouped and compressed; None unless it takes at most DELTA_MAX_SHARE of
-    `whole_len` (the bytes of the piece's whole record)."""
+                 whole_len: int, dtype: str = "") -> Encoded | None:
+    """The difference against `base_raw`, the smallest of: for a float dtype of
+    FLOAT_FORMATS, the context-modelled fdelta; the subtraction per element where the
+    length allows, else XOR, grouped and compressed. None unless it takes at most
+    DELTA_MAX_SHARE of `whole_len` (the bytes of the piece's whole record)."""
     if len(raw) != len(base_raw):
         raise ValueError(f"delta of {len(raw)} bytes against {len(base_raw)}")
+    limit = int(whole_len * DELTA_MAX_SHARE) - ID_SIZE
+    best: Encoded | None = None
+    fmt = FLOAT_FORMATS.get(dtype)
+    if fmt is not None and fmt[0] == elem_size and len(raw) % elem_size == 0 and limit > 0:
+        packed = _native.fdelta_encode(raw, base_raw, *fmt, limit)
+        if packed is not None:
+            best = Encoded(CODEC_FDELTA, base_id + packed, base_id)
+            if len(packed) <= len(raw) * FDELTA_SURE:
+                return best  # Blosc2's delta has never been seen to beat it there (docs/benchmarks.md)
+            limit = len(packed) - 1
     if can_subtract(len(raw), elem_size):
         codec, diff = CODEC_SUB, sub_bytes(raw, base_raw, elem_size)
     else:
         codec, diff = CODEC_XOR, xor_bytes(raw, base_raw)
     packed = _grouped(diff, elem_size)
-    if ID_SIZE + len(packed) > whole_len * DELTA_MAX_SHARE:
-        return None
-    return Encoded(codec, base_id + packed, base_id)
+    if len(packed) <= limit:
+        return Encoded(codec, base_id + packed, base_id)
+    return best
 
 
 def base_of(codec: int, payload: bytes | memoryview) -> bytes | None:
@@ -188,6 +207,12 @@ def decode_into(codec: int, payload: bytes | memoryview, dest: memoryview,
     if len(base) != raw_len:
         raise CorruptData(f"delta base {base_id.hex()[:16]} has {len(base)} bytes, {raw_len} expected")
     packed = memoryview(payload)[ID_SIZE:]
+    if codec == CODEC_FDELTA:
+        try:
+            _native.fdelta_decode(packed, base, dest)
+        except ValueError as e:
+            raise CorruptData(str(e)) from None
+        return
     out = _unpack_into(packed, dest)
     if codec == CODEC_XOR:
         np.bitwise_xor(out, np.frombuffer(base, np.uint8), out=out)

@@ -109,6 +109,7 @@ class _NewJob:
     chunk: bytes
     view: memoryview
     elem_size: int
+    dtype: str
     keyed: bool  # a tensor piece
     newest: bool  # a tensor piece no compacted body after this one has: stored raw
     base: _Known | None  # a tensor piece with a newer neighbour it may lean on
@@ -121,6 +122,7 @@ class _OldJob:
     base: bytes | None  # the newer piece it may become a delta against
     base_raw: memoryview | None
     elem_size: int
+    dtype: str
 
 
 @dataclass
@@ -236,7 +238,7 @@ class Body:
             newer = by_chunk[h].newer if s.key is not None else None
             base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
-            jobs[h] = _NewJob(h, view, s.elem_size, s.key is not None, s.key is not None and newer is None, base, raw)
+            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key is not None, s.key is not None and newer is None, base, raw)
         self._append_new(list(jobs.values()))
         for (s, view), h in zip(cut, ids):
             self.extents.append(Extent(s.offset, s.length, h, known.get(h)))  # new chunks: self.written
@@ -297,7 +299,7 @@ class Body:
             except Exception as e:  # a damaged neighbour: this piece is stored whole; fsck names it
                 self.report.errors.append(f"chunk {job.base.chunk.hex()[:16]}: not used as a delta base ({e})")
                 return whole, 0
-        delta = encode_delta(job.view, job.elem_size, job.base.chunk, base_raw, whole.stored_len)
+        delta = encode_delta(job.view, job.elem_size, job.base.chunk, base_raw, whole.stored_len, job.dtype)
         return (delta, whole.stored_len - delta.stored_len) if delta is not None else (whole, 0)
 
     # -- step 3 ---------------------------------------------------------------------------
@@ -311,7 +313,7 @@ class Body:
             if me is not None and me.loc.codec == CODEC_RAW and me.cid not in self.superseded and (
                     (a.newer is not None and a.newer.chunk == h) or (a.older is not None and a.older.chunk == h)):
                 self.superseded.add(me.cid)  # shared unchanged with a neighbour (frozen): no longer raw
-                jobs.append(_OldJob(me, None, None, s.elem_size))
+                jobs.append(_OldJob(me, None, None, s.elem_size, s.dtype))
                 continue
             q = a.older
             if q is None or q.chunk == h or q.cid in self.superseded or q.loc.codec in DELTA_CODECS \
@@ -325,7 +327,7 @@ class Body:
             if not lean and q.loc.codec != CODEC_RAW:
                 continue
             self.superseded.add(q.cid)
-            jobs.append(_OldJob(q, h if lean else None, view if lean else None, s.elem_size))
+            jobs.append(_OldJob(q, h if lean else None, view if lean else None, s.elem_size, s.dtype))
         if not jobs:
             return
         self.pinned.extend(j.target.chunk for j in jobs)
@@ -355,7 +357,7 @@ class Body:
         whole = encode_whole(raw, job.elem_size) if t.loc.codec == CODEC_RAW else None
         if job.base is not None and job.base_raw is not None:
             delta = encode_delta(raw, job.elem_size, job.base, job.base_raw,
-                                 whole.stored_len if whole is not None else t.loc.stored_len)
+                                 whole.stored_len if whole is not None else t.loc.stored_len, job.dtype)
             if delta is not None:
                 return delta
         return whole if whole is not None and whole.codec != CODEC_RAW else None

@@ -24,6 +24,7 @@ class Span:
     key: bytes | None = None
     index: int = 0  # piece k of its tensor
     elem_size: int = 1
+    dtype: str = ""  # a tensor piece's dtype (safetensors names): the float codec needs it
 
     @property
     def end(self) -> int:
@@ -43,7 +44,7 @@ def plan(size: int, regions: list[TensorRegion]) -> list[Span]:
         step = max(PIECE_BYTES - PIECE_BYTES % r.elem_size, r.elem_size) if r.elem_size > 0 else PIECE_BYTES
         key = tensor_key(r.name, r.dtype, r.shape)
         for k, off in enumerate(range(r.offset, r.offset + r.length, step)):
-            out.append(Span(off, min(step, r.offset + r.length - off), key, k, r.elem_size))
+            out.append(Span(off, min(step, r.offset + r.length - off), key, k, r.elem_size, r.dtype))
         pos = r.offset + r.length
     if pos < size:
         out.append(Span(pos, size - pos))

@@ -1,0 +1,72 @@
+/* The fdelta codec's shared parts (fdelta_encode.c, fdelta_decode.c; plain C, no Python):
+ * its constants, the float format of a piece, and little-endian helpers. The payload is
+ * docs/format.md section 3.2.1; floatcodec.c has the model's description. */
+#ifndef COWFS_FDELTA_H
+#define COWFS_FDELTA_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROB_BITS 12
+#define PROB_SCALE (1u << PROB_BITS)
+#define RANS_L (1u << 15) /* states in [2^15, 2^31): the encoder's reciprocals are exact there */
+#define LANES 4
+#define EBUCKETS 16
+#define MAX_SYMS 33 /* bit lengths 0..32 */
+#define HEADER 20   /* elem, mant, ebits, e_lo, bshift, pcap, n, word bytes, bit bytes, contexts */
+#define STREAM_PAD 64 /* zero bytes after each stream in the decoder's copy */
+#define SLOT_SHIFT 3 /* a start per 8 slots: the search after it rarely steps */
+#define STARTS (PROB_SCALE >> SLOT_SHIFT)
+
+typedef struct {
+    int elem;  /* 2 or 4 */
+    int mant;  /* the exponent field starts at this bit */
+    int ebits; /* its width */
+    int elo;   /* the exponent of bucket 0 */
+    int nsym;  /* 8 * elem + 1 */
+    int bshift; /* the context: buckets merged 2^bshift at a time, */
+    int pcap;   /* and the lane's previous symbol capped at pcap - 1 */
+} fd_format;
+
+static inline uint32_t load_elem(const uint8_t *p, size_t i, int elem)
+{
+    p += i * (size_t)elem;
+    if (elem == 2)
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void store_elem(uint8_t *p, size_t i, int elem, uint32_t v)
+{
+    p += i * (size_t)elem;
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    if (elem == 4) {
+        p[2] = (uint8_t)(v >> 16);
+        p[3] = (uint8_t)(v >> 24);
+    }
+}
+
+static inline void put16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put32(uint8_t *p, uint32_t v) { put16(p, v); put16(p + 2, v >> 16); }
+static inline uint32_t get16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static inline uint32_t get32(const uint8_t *p) { return get16(p) | get16(p + 2) << 16; }
+static inline uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static inline int bucket(uint32_t y, const fd_format *f)
+{
+    int e = (int)((y >> f->mant) & ((1u << f->ebits) - 1)) - f->elo;
+    return e < 0 ? 0 : (e >= EBUCKETS ? EBUCKETS - 1 : e);
+}
+
+static inline int bit_length(uint32_t z) { return z ? 32 - __builtin_clz(z) : 0; }
+
+/* The payload (after the base id) of n elements of `raw` against `base`: its length, 0 when
+ * it would exceed `limit`, -1 when out of memory. `out` holds fd_encode_bound(n, elem). */
+long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit);
+size_t fd_encode_bound(size_t n, int elem);
+
+/* Decode a payload of `len` bytes against `base` into `out` (both `out_len` bytes): NULL,
+ * or what is wrong with the payload (a static string). */
+const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t *out, size_t out_len);
+
+#endif

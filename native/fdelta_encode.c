@@ -1,0 +1,281 @@
+/* The fdelta encoder (docs/format.md section 3.2.1): two passes over the piece, the
+ * first finding each element's symbol, context and raw bits and counting them, the
+ * second coding the symbols with rANS, last to first. Plain C; floatcodec.c calls it
+ * with the GIL released. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdelta.h"
+
+/* Frequencies summing to PROB_SCALE, at least 1 for every symbol counted. */
+static void normalize(const uint32_t *count, int nsym, uint32_t *freq)
+{
+    uint64_t total = 0;
+    uint32_t sum = 0;
+    int top = 0;
+    for (int s = 0; s < nsym; s++)
+        total += count[s];
+    for (int s = 0; s < nsym; s++) {
+        freq[s] = 0;
+        if (count[s]) {
+            uint64_t q = (uint64_t)count[s] * PROB_SCALE / total;
+            freq[s] = q ? (uint32_t)q : 1;
+            sum += freq[s];
+            if (freq[s] > freq[top])
+                top = s;
+        }
+    }
+    /* the largest absorbs the rounding; if it cannot go below 1, take from the others */
+    while (sum != PROB_SCALE) {
+        if (sum < PROB_SCALE) {
+            freq[top] += PROB_SCALE - sum;
+            sum = PROB_SCALE;
+        } else {
+            int best = -1;
+            for (int s = 0; s < nsym; s++)
+                if (freq[s] > 1 && (best < 0 || freq[s] > freq[best]))
+                    best = s;
+            uint32_t take = sum - PROB_SCALE, room = freq[best] - 1;
+            if (take > room)
+                take = room;
+            freq[best] -= take;
+            sum -= take;
+        }
+    }
+}
+
+static inline void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+
+typedef struct {
+    uint32_t x_max;    /* a state at or above it is renormalised first */
+    uint32_t rcp_freq; /* x / freq = (x * rcp_freq) >> 32 >> rcp_shift */
+    uint32_t bias;
+    uint16_t rcp_shift;
+    uint16_t cmpl_freq; /* PROB_SCALE - freq */
+} enc_sym;
+
+static void enc_symbol(enc_sym *e, uint32_t start, uint32_t freq)
+{
+    e->x_max = ((RANS_L >> PROB_BITS) << 16) * freq;
+    e->cmpl_freq = (uint16_t)(PROB_SCALE - freq);
+    if (freq < 2) {
+        e->rcp_freq = ~0u;
+        e->rcp_shift = 0;
+        e->bias = start + PROB_SCALE - 1;
+    } else {
+        uint32_t shift = 0;
+        while (freq > (1u << shift))
+            shift++;
+        e->rcp_freq = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
+        e->rcp_shift = (uint16_t)(shift - 1);
+        e->bias = start;
+    }
+}
+
+/* The context modes the encoder weighs (docs/format.md 3.2.1): the 16 exponent buckets
+ * merged 2^bshift at a time, the previous symbol capped at pcap - 1 (0: not capped). A
+ * small or structureless piece pays less for its table with fewer contexts. */
+static const int BSHIFTS[] = {0, 2, 4};
+static const int PCAPS[] = {1, 4, 0};
+
+/* Bits the symbols take under a mode (their empirical conditional entropy) plus its table. */
+static double mode_bits(const uint32_t *fine, int nsym, int bshift, int pcap, uint32_t *agg)
+{
+    int nctx = (EBUCKETS >> bshift) * pcap;
+    memset(agg, 0, (size_t)nctx * nsym * sizeof(uint32_t));
+    for (int b = 0; b < EBUCKETS; b++)
+        for (int q = 0; q < nsym; q++) {
+            const uint32_t *row = fine + ((size_t)b * nsym + q) * nsym;
+            uint32_t *to = agg + ((size_t)(b >> bshift) * pcap + (q < pcap ? q : pcap - 1)) * nsym;
+            for (int s = 0; s < nsym; s++)
+                to[s] += row[s];
+        }
+    double bits = 0;
+    for (int c = 0; c < nctx; c++) {
+        const uint32_t *row = agg + (size_t)c * nsym;
+        double total = 0, sum = 0;
+        int present = 0;
+        for (int s = 0; s < nsym; s++)
+            if (row[s]) {
+                total += row[s];
+                sum += row[s] * log2((double)row[s]);
+                present++;
+            }
+        if (present)
+            bits += total * log2(total) - sum + 8.0 * (3 + 3 * present);
+    }
+    return bits;
+}
+
+long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit)
+{
+    int nfine = EBUCKETS * f.nsym, emax = -1, einf = (1 << f.ebits) - 1;
+    for (size_t i = 0; i < n; i++) {
+        int e = (int)((load_elem(base, i, f.elem) >> f.mant) & (uint32_t)einf);
+        if (e != einf && e > emax)
+            emax = e;
+    }
+    f.elo = emax > EBUCKETS - 1 ? emax - (EBUCKETS - 1) : 0;
+
+    size_t cells = (size_t)nfine * f.nsym;
+    uint8_t *sym = malloc(n ? n : 1);
+    uint16_t *ctx = malloc((n ? n : 1) * sizeof(uint16_t)); /* the fine context of each element */
+    uint32_t *fine = calloc(cells, sizeof(uint32_t));
+    uint32_t *count = calloc(cells, sizeof(uint32_t));
+    uint32_t *freq = calloc(cells, sizeof(uint32_t));
+    uint32_t *cum = calloc(cells, sizeof(uint32_t));
+    uint8_t *bits = malloc(n * (size_t)f.elem + 16);
+    uint8_t *words = malloc(n * 2 + 2);
+    enc_sym *esym = malloc(cells * sizeof(enc_sym));
+    long long result = -1;
+    if (!sym || !ctx || !fine || !count || !freq || !cum || !bits || !words || !esym)
+        goto done;
+
+    uint64_t acc = 0;
+    int nacc = 0;
+    uint8_t *bp = bits;
+    uint32_t wmask = f.elem == 2 ? 0xffffu : 0xffffffffu;
+    int prev[LANES] = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = load_elem(raw, i, f.elem), y = load_elem(base, i, f.elem);
+        uint32_t d = (x - y) & wmask;
+        uint32_t z = ((d << 1) ^ (0u - (d >> (8 * f.elem - 1)))) & wmask;
+        int L = bit_length(z);
+        int c = bucket(y, &f) * f.nsym + prev[i % LANES];
+        sym[i] = (uint8_t)L;
+        ctx[i] = (uint16_t)c;
+        fine[(size_t)c * f.nsym + L]++;
+        int nb = L - (L > 0); /* the bits below the leading one, appended without a branch: */
+        acc |= (uint64_t)(z & ((1u << nb) - 1)) << nacc; /* at most 7 + 31 bits held */
+        nacc += nb;
+        put64(bp, acc);
+        bp += nacc >> 3;
+        acc >>= nacc & ~7;
+        nacc &= 7;
+        prev[i % LANES] = L;
+    }
+    size_t bit_bytes = ((size_t)(bp - bits) + (nacc > 0) + 7) / 8 * 8; /* zero padded to whole u64s */
+    memset(bp + (nacc > 0), 0, bits + bit_bytes - (bp + (nacc > 0)));
+
+    double best = -1;
+    for (size_t bi = 0; bi < sizeof BSHIFTS / sizeof *BSHIFTS; bi++)
+        for (size_t pi = 0; pi < sizeof PCAPS / sizeof *PCAPS; pi++) {
+            int pcap = PCAPS[pi] ? PCAPS[pi] : f.nsym;
+            double bits_ = mode_bits(fine, f.nsym, BSHIFTS[bi], pcap, count);
+            if (best < 0 || bits_ < best) {
+                best = bits_;
+                f.bshift = BSHIFTS[bi];
+                f.pcap = pcap;
+            }
+        }
+    /* the entropy is a lower bound of what rANS writes (the final states, which carry up to
+     * 16 bits each, not counted): past the limit already, stop here */
+    if (HEADER + bit_bytes + best / 8 > (double)limit) {
+        result = 0;
+        goto done;
+    }
+    int nctx = (EBUCKETS >> f.bshift) * f.pcap;
+    mode_bits(fine, f.nsym, f.bshift, f.pcap, count); /* the chosen mode's counts */
+    uint16_t to_ctx[EBUCKETS * MAX_SYMS]; /* fine context -> the mode's */
+    for (int b = 0; b < EBUCKETS; b++)
+        for (int q = 0; q < f.nsym; q++)
+            to_ctx[b * f.nsym + q] = (uint16_t)((b >> f.bshift) * f.pcap + (q < f.pcap ? q : f.pcap - 1));
+
+    size_t used = 0, table_bytes = 0;
+    for (int c = 0; c < nctx; c++) {
+        uint32_t *cnt = count + (size_t)c * f.nsym, *fr = freq + (size_t)c * f.nsym;
+        int present = 0;
+        for (int s = 0; s < f.nsym; s++)
+            present += cnt[s] != 0;
+        if (!present)
+            continue;
+        normalize(cnt, f.nsym, fr);
+        uint32_t run = 0;
+        for (int s = 0; s < f.nsym; s++) {
+            cum[(size_t)c * f.nsym + s] = run;
+            run += fr[s];
+        }
+        used++;
+        table_bytes += 3 + 3 * (size_t)present;
+    }
+
+    /* rANS, backwards (the decoder reads the words forwards), dividing by reciprocals
+     * (Alverson's method, as ryg_rans does: exact for states below 2^31) */
+    for (size_t k = 0; k < (size_t)nctx * f.nsym; k++)
+        if (freq[k])
+            enc_symbol(&esym[k], cum[k], freq[k]);
+    uint32_t st[LANES] = {RANS_L, RANS_L, RANS_L, RANS_L};
+    uint8_t *wp = words + n * 2;
+    for (size_t i = n; i-- > 0;) {
+        const enc_sym *e = &esym[(size_t)to_ctx[ctx[i]] * f.nsym + sym[i]];
+        uint32_t x = st[i % LANES];
+        uint32_t out_ = x >= e->x_max; /* branch-free: the word is written either way */
+        put16(wp - 2, x);
+        wp -= 2 * out_;
+        x >>= out_ << 4;
+        uint32_t q = (uint32_t)(((uint64_t)x * e->rcp_freq) >> 32) >> e->rcp_shift;
+        st[i % LANES] = x + e->bias + q * e->cmpl_freq;
+    }
+    size_t word_bytes = (size_t)(words + n * 2 - wp);
+
+    size_t total = HEADER + table_bytes + 4 * LANES + word_bytes + bit_bytes;
+    if (total > limit) {
+        result = 0;
+        goto done;
+    }
+    uint8_t *o = out;
+    o[0] = (uint8_t)f.elem;
+    o[1] = (uint8_t)f.mant;
+    o[2] = (uint8_t)f.ebits;
+    o[3] = (uint8_t)f.elo;
+    o[4] = (uint8_t)f.bshift;
+    o[5] = (uint8_t)f.pcap;
+    put32(o + 6, (uint32_t)n);
+    put32(o + 10, (uint32_t)word_bytes);
+    put32(o + 14, (uint32_t)bit_bytes);
+    put16(o + 18, (uint32_t)used);
+    o += HEADER;
+    for (int c = 0; c < nctx; c++) {
+        uint32_t *cnt = count + (size_t)c * f.nsym, *fr = freq + (size_t)c * f.nsym;
+        int present = 0;
+        for (int s = 0; s < f.nsym; s++)
+            present += cnt[s] != 0;
+        if (!present)
+            continue;
+        put16(o, (uint32_t)c);
+        o[2] = (uint8_t)present;
+        o += 3;
+        for (int s = 0; s < f.nsym; s++)
+            if (cnt[s]) {
+                o[0] = (uint8_t)s;
+                put16(o + 1, fr[s] - 1); /* 1..4096 stored as 0..4095 */
+                o += 3;
+            }
+    }
+    for (int k = 0; k < LANES; k++, o += 4)
+        put32(o, st[k]);
+    memcpy(o, wp, word_bytes);
+    o += word_bytes;
+    memcpy(o, bits, bit_bytes);
+    result = (long long)total;
+done:
+    free(sym);
+    free(ctx);
+    free(fine);
+    free(count);
+    free(freq);
+    free(cum);
+    free(bits);
+    free(words);
+    free(esym);
+    return result;
+}
+
+size_t fd_encode_bound(size_t n, int elem)
+{
+    /* the header, a table of every context and symbol, the states, a word per element and
+     * every raw bit */
+    return HEADER + (size_t)EBUCKETS * (8 * elem + 1) * (3 + 3 * (8 * elem + 1)) + 4 * LANES + 2 * n
+           + n * (size_t)elem + 8;
+}

@@ -1,0 +1,186 @@
+"""The fdelta codec (native/floatcodec.c) against a Python reference decoder written from
+docs/format.md, section 3.2.1: random and edge inputs decode to the same bytes in both,
+and damaged payloads are refused with ValueError, never read out of bounds (make sanitize
+runs this file under ASan/UBSan)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowfs import _native
+
+FORMATS = {"bf16": (2, 7, 8), "f16": (2, 10, 5), "f32": (4, 23, 8)}
+PROB_BITS, RANS_L, LANES, EBUCKETS = 12, 1 << 15, 4, 16
+
+
+def reference_decode(payload: bytes, base: bytes) -> bytes:
+    """format.md 3.2.1, step by step, one element at a time."""
+    elem, mant, ebits, elo, bshift, pcap = payload[:6]
+    n, word_bytes, bit_bytes, used = struct.unpack_from("<IIIH", payload, 6)
+    nsym, width = 8 * elem + 1, 8 * elem
+    pos = 20
+    tables: dict[int, list[int]] = {}  # context -> frequency of each symbol
+    for _ in range(used):
+        ctx, k = struct.unpack_from("<HB", payload, pos)
+        pos += 3
+        freq = [0] * nsym
+        for _ in range(k):
+            sym, f = struct.unpack_from("<BH", payload, pos)
+            freq[sym] = f + 1
+            pos += 3
+        assert sum(freq) == 1 << PROB_BITS
+        tables[ctx] = freq
+    states = list(struct.unpack_from("<4I", payload, pos))
+    pos += 16
+    words = payload[pos:pos + word_bytes]
+    bits = int.from_bytes(payload[pos + word_bytes:pos + word_bytes + bit_bytes], "little")
+    wpos = bpos = 0
+    prev = [0] * LANES
+    out = bytearray()
+    for i in range(n):
+        y = int.from_bytes(base[i * elem:(i + 1) * elem], "little")
+        bucket = min(max(((y >> mant) & ((1 << ebits) - 1)) - elo, 0), EBUCKETS - 1)
+        freq = tables[(bucket >> bshift) * pcap + min(prev[i % LANES], pcap - 1)]
+        x = states[i % LANES]
+        slot = x & ((1 << PROB_BITS) - 1)
+        cum = 0
+        for s, f in enumerate(freq):
+            if cum <= slot < cum + f:
+                break
+            cum += f
+        x = f * (x >> PROB_BITS) + slot - cum
+        if x < RANS_L:
+            x = x << 16 | int.from_bytes(words[wpos:wpos + 2], "little")
+            wpos += 2
+        states[i % LANES] = x
+        z = 0
+        if s:
+            low = (bits >> bpos) & ((1 << (s - 1)) - 1)
+            bpos += s - 1
+            z = 1 << (s - 1) | low
+        d = (z >> 1) ^ -(z & 1)
+        out += ((y + d) % (1 << width)).to_bytes(elem, "little")
+        prev[i % LANES] = s
+    assert states == [RANS_L] * LANES and wpos == word_bytes
+    return bytes(out)
+
+
+def encode(raw: bytes, base: bytes, fmt: str, limit: int = 1 << 30) -> bytes | None:
+    return _native.fdelta_encode(raw, base, *FORMATS[fmt], limit)
+
+
+def decode(payload: bytes, base: bytes) -> bytes:
+    out = bytearray(len(base))
+    _native.fdelta_decode(payload, base, out)
+    return bytes(out)
+
+
+def training_pair(n: int, fmt: str, seed: int, step: float = 1e-4) -> tuple[bytes, bytes]:
+    """(older, newer) images of a weight that moved by one optimizer step."""
+    rng = np.random.default_rng(seed)
+    newer = rng.normal(0, 0.02, n).astype(np.float32)
+    older = newer + rng.normal(0, step, n).astype(np.float32)
+    if fmt == "f32":
+        return older.tobytes(), newer.tobytes()
+    if fmt == "f16":
+        return older.astype(np.float16).tobytes(), newer.astype(np.float16).tobytes()
+    return ((older.view(np.uint32) >> 16).astype(np.uint16).tobytes(),
+            (newer.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_training_step_round_trips_and_matches_the_reference(fmt: str) -> None:
+    raw, base = training_pair(3001, fmt, 1)  # not a multiple of the four lanes
+    payload = encode(raw, base, fmt)
+    assert payload is not None and len(payload) < len(raw) * 0.8  # the low mantissa of f32 steps is noise
+    assert decode(payload, base) == raw
+    assert reference_decode(payload, base) == raw
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 9])
+def test_tiny_pieces(fmt: str, n: int) -> None:
+    raw, base = training_pair(n, fmt, n)
+    payload = encode(raw, base, fmt)
+    assert payload is not None and decode(payload, base) == raw == reference_decode(payload, base)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_edges_identical_random_extremes_and_specials(fmt: str) -> None:
+    elem = FORMATS[fmt][0]
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, 4000 * elem, dtype=np.uint8).tobytes()
+    other = rng.integers(0, 256, 4000 * elem, dtype=np.uint8).tobytes()
+    ones = b"\xff" * (4000 * elem)
+    zeros = bytes(4000 * elem)
+    specials = (np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 3e38, -3e38] * 500, np.float32))
+    if elem == 2:
+        specials = (specials.view(np.uint32) >> 16).astype(np.uint16)
+    sp = specials.tobytes()
+    for raw, base in ((noise, noise), (noise, other), (ones, zeros), (zeros, ones), (sp, sp[::-1]), (sp, zeros)):
+        payload = encode(raw, base, fmt)
+        assert payload is not None and decode(payload, base) == raw
+        assert reference_decode(payload, base) == raw
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(FORMATS)), st.binary(max_size=600), st.integers(0, 2**32 - 1))
+def test_any_bytes_round_trip(fmt: str, data: bytes, seed: int) -> None:
+    elem = FORMATS[fmt][0]
+    raw = data[:len(data) - len(data) % elem]
+    base = np.random.default_rng(seed).integers(0, 256, len(raw), dtype=np.uint8).tobytes()
+    if seed % 3 == 0:
+        base = raw  # nothing changed
+    payload = encode(raw, base, fmt)
+    assert payload is not None
+    assert decode(payload, base) == raw == reference_decode(payload, base)
+
+
+def test_the_limit_gives_none_and_bad_arguments_are_refused() -> None:
+    raw, base = training_pair(1000, "bf16", 3)
+    size = len(encode(raw, base, "bf16") or b"")
+    assert encode(raw, base, "bf16", size) is not None and encode(raw, base, "bf16", size - 1) is None
+    with pytest.raises(ValueError, match="element size"):
+        _native.fdelta_encode(raw, base, 3, 7, 8, 1 << 20)
+    with pytest.raises(ValueError, match="exponent"):
+        _native.fdelta_encode(raw, base, 2, 12, 8, 1 << 20)
+    with pytest.raises(ValueError, match="bytes against"):
+        _native.fdelta_encode(raw, base[:-2], 2, 7, 8, 1 << 20)
+    payload = encode(raw, base, "bf16")
+    assert payload is not None
+    with pytest.raises(ValueError, match="lengths differ"):
+        _native.fdelta_decode(payload, base, bytearray(len(base) - 2))
+    with pytest.raises(ValueError, match="element count"):
+        _native.fdelta_decode(payload, base[:-2], bytearray(len(base) - 2))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_damaged_payloads_are_refused_or_decode_to_other_bytes(fmt: str) -> None:
+    """Every truncation and many byte flips: a ValueError, or (a flip the format cannot
+    see, in the raw bits) other bytes, which the chunk id's check then catches."""
+    raw, base = training_pair(2000, fmt, 11)
+    payload = encode(raw, base, fmt)
+    assert payload is not None
+    for cut in list(range(0, 64)) + list(range(64, len(payload), 97)):
+        with pytest.raises(ValueError, match="fdelta payload"):
+            decode(payload[:cut], base)
+    with pytest.raises(ValueError, match="fdelta payload"):
+        decode(payload + b"\0", base)
+    rng = np.random.default_rng(5)
+    bits_at = len(payload) - struct.unpack_from("<I", payload, 14)[0]  # where the raw bits start
+    refused = coded = 0
+    for at in rng.integers(0, len(payload), 400):
+        bad = bytearray(payload)
+        bad[at] ^= 1 << int(rng.integers(0, 8))
+        coded += at < bits_at
+        try:
+            got = decode(bytes(bad), base)
+        except ValueError:
+            refused += 1
+            continue
+        assert len(got) == len(raw)
+    assert refused >= coded // 2  # a flip in the header, table or rANS words is mostly seen
