@@ -12,7 +12,7 @@
 #define LANES 4
 #define EBUCKETS 16
 #define MAX_SYMS 33 /* bit lengths 0..32 */
-#define HEADER 20   /* elem, mant, ebits, e_lo, bshift, pcap, n, word bytes, bit bytes, contexts */
+#define HEADER 19   /* elem, mant, ebits, e_lo, bshift, n, word bytes, bit bytes, contexts */
 #define STREAM_PAD 64 /* zero bytes after each stream in the decoder's copy */
 #define SLOT_SHIFT 3 /* a start per 8 slots: the search after it rarely steps */
 #define STARTS (PROB_SCALE >> SLOT_SHIFT)
@@ -23,8 +23,7 @@ typedef struct {
     int ebits; /* its width */
     int elo;   /* the exponent of bucket 0 */
     int nsym;  /* 8 * elem + 1 */
-    int bshift; /* the context: buckets merged 2^bshift at a time, */
-    int pcap;   /* and the lane's previous symbol capped at pcap - 1 */
+    int bshift; /* the context: exponent buckets merged 2^bshift at a time */
 } fd_format;
 
 static inline uint32_t load_elem(const uint8_t *p, size_t i, int elem)
@@ -58,7 +57,8 @@ static inline int bucket(uint32_t y, const fd_format *f)
     return e < 0 ? 0 : (e >= EBUCKETS ? EBUCKETS - 1 : e);
 }
 
-static inline int bit_length(uint32_t z) { return z ? 32 - __builtin_clz(z) : 0; }
+/* 0 for 0, without a branch: the lowest bit set below z keeps clz defined */
+static inline int bit_length(uint32_t z) { return 63 - __builtin_clzll((uint64_t)z << 1 | 1); }
 
 /* The payload (after the base id) of n elements of `raw` against `base`: its length, 0 when
  * it would exceed `limit`, -1 when out of memory. `out` holds fd_encode_bound(n, elem). */

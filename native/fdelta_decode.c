@@ -17,19 +17,19 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
 {
     if (len < HEADER + 4 * LANES)
         return "shorter than its header";
-    fd_format f = {p[0], p[1], p[2], p[3], 8 * p[0] + 1, p[4], p[5]};
+    fd_format f = {p[0], p[1], p[2], p[3], 8 * p[0] + 1, p[4]};
     if (f.elem != 2 && f.elem != 4)
         return "element size not 2 or 4";
     if (f.ebits < 1 || f.ebits > 11 || f.mant + f.ebits > 8 * f.elem || f.elo >= (1 << f.ebits))
         return "bad float format";
-    if (f.bshift > 4 || f.pcap < 1 || f.pcap > f.nsym)
+    if (f.bshift > 4)
         return "bad context mode";
-    size_t n = get32(p + 6), word_bytes = get32(p + 10), bit_bytes = get32(p + 14), used = get16(p + 18);
+    size_t n = get32(p + 5), word_bytes = get32(p + 9), bit_bytes = get32(p + 13), used = get16(p + 17);
     if (n * (size_t)f.elem != out_len)
         return "element count does not match the raw length";
     if (word_bytes % 2 || bit_bytes % 8)
         return "stream lengths not whole words";
-    int nctx = (EBUCKETS >> f.bshift) * f.pcap;
+    int nctx = EBUCKETS >> f.bshift;
     dec_table *tab = calloc((size_t)nctx, sizeof(dec_table));
     if (!tab)
         return "out of memory";
@@ -90,14 +90,15 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     memset(words + word_bytes, 0, STREAM_PAD);
     memcpy(bits, q + word_bytes, bit_bytes);
     memset(bits + bit_bytes, 0, STREAM_PAD);
-    uint16_t boff[1 << 11];
+    /* each exponent's table; a base element whose table the payload lacks is found before
+     * decoding (one pass over the base), so the steps need not look */
+    const dec_table *by_exp[1 << 11];
+    uint8_t lacking[1 << 11];
     for (int e = 0; e < (1 << f.ebits); e++) {
         int b = e - f.elo;
-        boff[e] = (uint16_t)(((b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b)) >> f.bshift) * f.pcap);
+        by_exp[e] = tab + ((b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b)) >> f.bshift);
+        lacking[e] = !by_exp[e]->valid;
     }
-    uint8_t pmap[MAX_SYMS + 1]; /* a symbol -> its part of the next context on the lane */
-    for (int s = 0; s <= MAX_SYMS; s++)
-        pmap[s] = (uint8_t)(s < f.pcap ? s : f.pcap - 1);
     uint32_t lead[MAX_SYMS + 1] = {0}; /* a symbol's leading one (symbols above W never decode) */
     for (int s = 1; s <= 32; s++)
         lead[s] = 1u << (s - 1);
@@ -105,13 +106,19 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     const int mant = f.mant;
     size_t wpos = 0, bpos = 0; /* bytes of words, bits of raw bits taken */
     uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
-    int p0 = 0, p1 = 0, p2 = 0, p3 = 0, missing = 0;
+    int missing = 0;
+    if (f.elem == 2)
+        for (size_t i = 0; i < n; i++)
+            missing |= lacking[(load_elem(base, i, 2) >> mant) & emask];
+    else
+        for (size_t i = 0; i < n; i++)
+            missing |= lacking[(load_elem(base, i, 4) >> mant) & emask];
+    if (missing) { err = "a context the table does not have"; goto done; }
 
-#define FD_STEP(ST, PREV, I, ELEM)                                                                  \
+#define FD_STEP(ST, I, ELEM)                                                                        \
     do {                                                                                            \
         uint32_t y_ = load_elem(base, (I), (ELEM));                                                 \
-        const dec_table *t_ = tab + boff[(y_ >> mant) & emask] + (PREV);                            \
-        missing |= !t_->valid;                                                                      \
+        const dec_table *t_ = by_exp[(y_ >> mant) & emask];                                         \
         uint32_t x_ = (ST), slot_ = x_ & (PROB_SCALE - 1);                                          \
         int s_ = t_->start[slot_ >> SLOT_SHIFT];                                                    \
         while (t_->cum[s_ + 1] <= slot_)                                                            \
@@ -126,27 +133,25 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
         uint32_t z_ = lead[s_] | (uint32_t)(win_ & ((1ull << nb_) - 1));                             \
         bpos += (size_t)nb_;                                                                        \
         store_elem(out, (I), (ELEM), (y_ + ((z_ >> 1) ^ (0u - (z_ & 1)))) & wmask);                 \
-        (PREV) = pmap[s_];                                                                          \
     } while (0)
 
     size_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        if (wpos > word_bytes || (bpos >> 3) > bit_bytes || missing)
+        if (wpos > word_bytes || (bpos >> 3) > bit_bytes)
             break;
         if (f.elem == 2) {
-            FD_STEP(s0, p0, i, 2); FD_STEP(s1, p1, i + 1, 2); FD_STEP(s2, p2, i + 2, 2); FD_STEP(s3, p3, i + 3, 2);
+            FD_STEP(s0, i, 2); FD_STEP(s1, i + 1, 2); FD_STEP(s2, i + 2, 2); FD_STEP(s3, i + 3, 2);
         } else {
-            FD_STEP(s0, p0, i, 4); FD_STEP(s1, p1, i + 1, 4); FD_STEP(s2, p2, i + 2, 4); FD_STEP(s3, p3, i + 3, 4);
+            FD_STEP(s0, i, 4); FD_STEP(s1, i + 1, 4); FD_STEP(s2, i + 2, 4); FD_STEP(s3, i + 3, 4);
         }
     }
-    if (i < n && i + LANES > n && wpos <= word_bytes && (bpos >> 3) <= bit_bytes && !missing) {
-        FD_STEP(s0, p0, i, f.elem);
-        if (i + 1 < n) FD_STEP(s1, p1, i + 1, f.elem);
-        if (i + 2 < n) FD_STEP(s2, p2, i + 2, f.elem);
+    if (i < n && i + LANES > n && wpos <= word_bytes && (bpos >> 3) <= bit_bytes) {
+        FD_STEP(s0, i, f.elem);
+        if (i + 1 < n) FD_STEP(s1, i + 1, f.elem);
+        if (i + 2 < n) FD_STEP(s2, i + 2, f.elem);
         i = n;
     }
 #undef FD_STEP
-    if (missing) { err = "a context the table does not have"; goto done; }
     if (i < n || wpos > word_bytes) { err = "rANS words run out"; goto done; }
     if (bpos > 8 * (uint64_t)bit_bytes) { err = "raw bits run out"; goto done; }
     if (wpos != word_bytes || bit_bytes != (bpos + 63) / 64 * 8) { err = "streams not used up"; goto done; }

@@ -1,5 +1,5 @@
 /* The fdelta encoder (docs/format.md section 3.2.1): two passes over the piece, the
- * first finding each element's symbol, context and raw bits and counting them, the
+ * first finding each element's symbol, bucket and raw bits and counting them, the
  * second coding the symbols with rANS, last to first. Plain C; floatcodec.c calls it
  * with the GIL released. */
 #include <math.h>
@@ -74,23 +74,20 @@ static void enc_symbol(enc_sym *e, uint32_t start, uint32_t freq)
 }
 
 /* The context modes the encoder weighs (docs/format.md 3.2.1): the 16 exponent buckets
- * merged 2^bshift at a time, the previous symbol capped at pcap - 1 (0: not capped). A
- * small or structureless piece pays less for its table with fewer contexts. */
-static const int BSHIFTS[] = {0, 2, 4};
-static const int PCAPS[] = {1, 4, 0};
+ * merged 2^bshift at a time. A small piece pays less for a table of fewer contexts. */
+#define MODES 5 /* bshift 0..4 */
+#define SAMPLE_BLOCK 1024 /* the look before a piece is coded: a block of elements */
+#define SAMPLE_EVERY 16   /* in every 16 */
 
-/* Bits the symbols take under a mode (their empirical conditional entropy) plus its table. */
-static double mode_bits(const uint32_t *fine, int nsym, int bshift, int pcap, uint32_t *agg)
+/* Bits the symbols take with buckets merged 2^bshift at a time (their empirical conditional
+ * entropy), plus the table when `tables`. */
+static double mode_bits(const uint32_t *fine, int nsym, int bshift, uint32_t *agg, int tables)
 {
-    int nctx = (EBUCKETS >> bshift) * pcap;
+    int nctx = EBUCKETS >> bshift;
     memset(agg, 0, (size_t)nctx * nsym * sizeof(uint32_t));
     for (int b = 0; b < EBUCKETS; b++)
-        for (int q = 0; q < nsym; q++) {
-            const uint32_t *row = fine + ((size_t)b * nsym + q) * nsym;
-            uint32_t *to = agg + ((size_t)(b >> bshift) * pcap + (q < pcap ? q : pcap - 1)) * nsym;
-            for (int s = 0; s < nsym; s++)
-                to[s] += row[s];
-        }
+        for (int s = 0; s < nsym; s++)
+            agg[(size_t)(b >> bshift) * nsym + s] += fine[(size_t)b * nsym + s];
     double bits = 0;
     for (int c = 0; c < nctx; c++) {
         const uint32_t *row = agg + (size_t)c * nsym;
@@ -103,14 +100,46 @@ static double mode_bits(const uint32_t *fine, int nsym, int bshift, int pcap, ui
                 present++;
             }
         if (present)
-            bits += total * log2(total) - sum + 8.0 * (3 + 3 * present);
+            bits += total * log2(total) - sum + (tables ? 8.0 * (3 + 3 * present) : 0);
     }
     return bits;
 }
 
+/* A look at one block of SAMPLE_BLOCK elements in every SAMPLE_EVERY: true when the piece's
+ * payload would clearly exceed `limit` (its estimate, the symbols' entropy and the raw bits
+ * scaled up, passes the limit by a tenth), so that a piece the float delta does not suit
+ * (AdamW's exp_avg) costs a sixteenth of a pass. `fine` and `agg` are left zeroed. */
+static int too_large(const uint8_t *raw, const uint8_t *base, size_t n, const fd_format *f, uint32_t *fine,
+                     uint32_t *agg, size_t limit)
+{
+    size_t cells = (size_t)EBUCKETS * f->nsym, seen = 0;
+    uint64_t raw_bits = 0;
+    uint32_t wmask = f->elem == 2 ? 0xffffu : 0xffffffffu;
+    for (size_t b = 0; b + SAMPLE_BLOCK <= n; b += SAMPLE_EVERY * SAMPLE_BLOCK) {
+        for (size_t i = b; i < b + SAMPLE_BLOCK; i++) {
+            uint32_t y = load_elem(base, i, f->elem), d = (load_elem(raw, i, f->elem) - y) & wmask;
+            uint32_t z = ((d << 1) ^ (0u - (d >> (8 * f->elem - 1)))) & wmask;
+            int L = bit_length(z);
+            fine[(size_t)bucket(y, f) * f->nsym + L]++;
+            raw_bits += (uint64_t)(L - (L > 0));
+        }
+        seen += SAMPLE_BLOCK;
+    }
+    double best = -1;
+    for (int m = 0; m < MODES; m++) {
+        double bits = mode_bits(fine, f->nsym, m, agg, 0);
+        if (best < 0 || bits < best)
+            best = bits;
+    }
+    memset(fine, 0, cells * sizeof(uint32_t));
+    memset(agg, 0, cells * sizeof(uint32_t));
+    double estimate = (best + (double)raw_bits) / 8 * ((double)n / (double)seen);
+    return estimate > 1.1 * (double)limit;
+}
+
 long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit)
 {
-    int nfine = EBUCKETS * f.nsym, emax = -1, einf = (1 << f.ebits) - 1;
+    int emax = -1, einf = (1 << f.ebits) - 1;
     for (size_t i = 0; i < n; i++) {
         int e = (int)((load_elem(base, i, f.elem) >> f.mant) & (uint32_t)einf);
         if (e != einf && e > emax)
@@ -118,10 +147,10 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     }
     f.elo = emax > EBUCKETS - 1 ? emax - (EBUCKETS - 1) : 0;
 
-    size_t cells = (size_t)nfine * f.nsym;
+    size_t cells = (size_t)EBUCKETS * f.nsym;
     uint8_t *sym = malloc(n ? n : 1);
-    uint16_t *ctx = malloc((n ? n : 1) * sizeof(uint16_t)); /* the fine context of each element */
-    uint32_t *fine = calloc(cells, sizeof(uint32_t));
+    uint8_t *ctx = malloc(n ? n : 1); /* the exponent bucket of each element */
+    uint32_t *fine = calloc(2 * cells, sizeof(uint32_t)); /* two halves: even and odd elements */
     uint32_t *count = calloc(cells, sizeof(uint32_t));
     uint32_t *freq = calloc(cells, sizeof(uint32_t));
     uint32_t *cum = calloc(cells, sizeof(uint32_t));
@@ -132,20 +161,24 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     if (!sym || !ctx || !fine || !count || !freq || !cum || !bits || !words || !esym)
         goto done;
 
+    if (n >= SAMPLE_EVERY * SAMPLE_BLOCK && too_large(raw, base, n, &f, fine, count, limit)) {
+        result = 0;
+        goto done;
+    }
+
     uint64_t acc = 0;
     int nacc = 0;
     uint8_t *bp = bits;
     uint32_t wmask = f.elem == 2 ? 0xffffu : 0xffffffffu;
-    int prev[LANES] = {0, 0, 0, 0};
     for (size_t i = 0; i < n; i++) {
         uint32_t x = load_elem(raw, i, f.elem), y = load_elem(base, i, f.elem);
         uint32_t d = (x - y) & wmask;
         uint32_t z = ((d << 1) ^ (0u - (d >> (8 * f.elem - 1)))) & wmask;
         int L = bit_length(z);
-        int c = bucket(y, &f) * f.nsym + prev[i % LANES];
+        int c = bucket(y, &f);
         sym[i] = (uint8_t)L;
-        ctx[i] = (uint16_t)c;
-        fine[(size_t)c * f.nsym + L]++;
+        ctx[i] = (uint8_t)c;
+        fine[(i & 1) * cells + (size_t)c * f.nsym + L]++; /* no store-to-load chain between neighbours */
         int nb = L - (L > 0); /* the bits below the leading one, appended without a branch: */
         acc |= (uint64_t)(z & ((1u << nb) - 1)) << nacc; /* at most 7 + 31 bits held */
         nacc += nb;
@@ -153,34 +186,28 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
         bp += nacc >> 3;
         acc >>= nacc & ~7;
         nacc &= 7;
-        prev[i % LANES] = L;
     }
     size_t bit_bytes = ((size_t)(bp - bits) + (nacc > 0) + 7) / 8 * 8; /* zero padded to whole u64s */
+    for (size_t k = 0; k < cells; k++)
+        fine[k] += fine[cells + k];
     memset(bp + (nacc > 0), 0, bits + bit_bytes - (bp + (nacc > 0)));
 
     double best = -1;
-    for (size_t bi = 0; bi < sizeof BSHIFTS / sizeof *BSHIFTS; bi++)
-        for (size_t pi = 0; pi < sizeof PCAPS / sizeof *PCAPS; pi++) {
-            int pcap = PCAPS[pi] ? PCAPS[pi] : f.nsym;
-            double bits_ = mode_bits(fine, f.nsym, BSHIFTS[bi], pcap, count);
-            if (best < 0 || bits_ < best) {
-                best = bits_;
-                f.bshift = BSHIFTS[bi];
-                f.pcap = pcap;
-            }
+    for (int m = 0; m < MODES; m++) {
+        double bits_ = mode_bits(fine, f.nsym, m, count, 1);
+        if (best < 0 || bits_ < best) {
+            best = bits_;
+            f.bshift = m;
         }
+    }
     /* the entropy is a lower bound of what rANS writes (the final states, which carry up to
      * 16 bits each, not counted): past the limit already, stop here */
     if (HEADER + bit_bytes + best / 8 > (double)limit) {
         result = 0;
         goto done;
     }
-    int nctx = (EBUCKETS >> f.bshift) * f.pcap;
-    mode_bits(fine, f.nsym, f.bshift, f.pcap, count); /* the chosen mode's counts */
-    uint16_t to_ctx[EBUCKETS * MAX_SYMS]; /* fine context -> the mode's */
-    for (int b = 0; b < EBUCKETS; b++)
-        for (int q = 0; q < f.nsym; q++)
-            to_ctx[b * f.nsym + q] = (uint16_t)((b >> f.bshift) * f.pcap + (q < f.pcap ? q : f.pcap - 1));
+    int nctx = EBUCKETS >> f.bshift;
+    mode_bits(fine, f.nsym, f.bshift, count, 1); /* the chosen mode's counts */
 
     size_t used = 0, table_bytes = 0;
     for (int c = 0; c < nctx; c++) {
@@ -205,18 +232,33 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     for (size_t k = 0; k < (size_t)nctx * f.nsym; k++)
         if (freq[k])
             enc_symbol(&esym[k], cum[k], freq[k]);
-    uint32_t st[LANES] = {RANS_L, RANS_L, RANS_L, RANS_L};
+    uint32_t s0 = RANS_L, s1 = RANS_L, s2 = RANS_L, s3 = RANS_L;
     uint8_t *wp = words + n * 2;
-    for (size_t i = n; i-- > 0;) {
-        const enc_sym *e = &esym[(size_t)to_ctx[ctx[i]] * f.nsym + sym[i]];
-        uint32_t x = st[i % LANES];
-        uint32_t out_ = x >= e->x_max; /* branch-free: the word is written either way */
-        put16(wp - 2, x);
-        wp -= 2 * out_;
-        x >>= out_ << 4;
-        uint32_t q = (uint32_t)(((uint64_t)x * e->rcp_freq) >> 32) >> e->rcp_shift;
-        st[i % LANES] = x + e->bias + q * e->cmpl_freq;
+#define FD_PUT(ST, I)                                                                               \
+    do {                                                                                            \
+        const enc_sym *e_ = &esym[(size_t)(ctx[(I)] >> f.bshift) * f.nsym + sym[(I)]];              \
+        uint32_t x_ = (ST), out_ = x_ >= e_->x_max; /* branch-free: the word is written anyway */  \
+        put16(wp - 2, x_);                                                                          \
+        wp -= 2 * out_;                                                                             \
+        x_ >>= out_ << 4;                                                                           \
+        uint32_t q_ = (uint32_t)(((uint64_t)x_ * e_->rcp_freq) >> 32) >> e_->rcp_shift;             \
+        (ST) = x_ + e_->bias + q_ * e_->cmpl_freq;                                                  \
+    } while (0)
+    size_t i = n;
+    for (; i % LANES; i--) /* the last n % 4 elements, each on its lane */
+        switch ((i - 1) % LANES) {
+        case 0: FD_PUT(s0, i - 1); break;
+        case 1: FD_PUT(s1, i - 1); break;
+        default: FD_PUT(s2, i - 1); break; /* lane 3's element would make n % 4 == 0 */
+        }
+    for (; i; i -= LANES) { /* lanes in registers: four independent chains */
+        FD_PUT(s3, i - 1);
+        FD_PUT(s2, i - 2);
+        FD_PUT(s1, i - 3);
+        FD_PUT(s0, i - 4);
     }
+#undef FD_PUT
+    uint32_t st[LANES] = {s0, s1, s2, s3};
     size_t word_bytes = (size_t)(words + n * 2 - wp);
 
     size_t total = HEADER + table_bytes + 4 * LANES + word_bytes + bit_bytes;
@@ -230,11 +272,10 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     o[2] = (uint8_t)f.ebits;
     o[3] = (uint8_t)f.elo;
     o[4] = (uint8_t)f.bshift;
-    o[5] = (uint8_t)f.pcap;
-    put32(o + 6, (uint32_t)n);
-    put32(o + 10, (uint32_t)word_bytes);
-    put32(o + 14, (uint32_t)bit_bytes);
-    put16(o + 18, (uint32_t)used);
+    put32(o + 5, (uint32_t)n);
+    put32(o + 9, (uint32_t)word_bytes);
+    put32(o + 13, (uint32_t)bit_bytes);
+    put16(o + 17, (uint32_t)used);
     o += HEADER;
     for (int c = 0; c < nctx; c++) {
         uint32_t *cnt = count + (size_t)c * f.nsym, *fr = freq + (size_t)c * f.nsym;
@@ -276,6 +317,6 @@ size_t fd_encode_bound(size_t n, int elem)
 {
     /* the header, a table of every context and symbol, the states, a word per element and
      * every raw bit */
-    return HEADER + (size_t)EBUCKETS * (8 * elem + 1) * (3 + 3 * (8 * elem + 1)) + 4 * LANES + 2 * n
+    return HEADER + (size_t)EBUCKETS * (3 + 3 * (8 * elem + 1)) + 4 * LANES + 2 * n
            + n * (size_t)elem + 8;
 }

@@ -6,12 +6,12 @@
  * Per element i (x the piece's integer image, y the base's, W = 8 * elem_size bits):
  *   z = zigzag((x - y) mod 2^W), s = the bit length of z (0..W), the symbol;
  *   the s-1 bits of z below its leading one go to a raw bit stream as they are;
- *   the context of s is (the exponent bucket of y, the symbol of element i-4): a step of
- *   training moves a weight by about the same amount whatever its size, so its difference
- *   in units of the last place shrinks as its exponent grows, and neighbours move alike.
- *   Element i-4, not i-1: it is the previous element of the same rANS lane, so the four
- *   lanes decode without waiting on each other. The encoder merges buckets and caps the
- *   previous symbol where a smaller table pays (a small piece).
+ *   the context of s is the exponent bucket of y: a step of training moves a weight by
+ *   about the same amount whatever its size, so its difference in units of the last place
+ *   shrinks as its exponent grows. (The symbol of the lane's previous element was tried as
+ *   context too: it gained nothing over the exponent on the Trainer series and made every
+ *   decoding step wait on the one before; docs/benchmarks.md.) The encoder merges buckets
+ *   where a smaller table pays (a small piece).
  * The symbols are coded by rANS (31-bit states, 16-bit words, 12-bit frequencies, four
  * states interleaved: element i uses state i % 4) with a static table per context, sent
  * in the payload. The encoder runs two passes over the whole piece; the decoder one.
@@ -53,7 +53,7 @@ PyObject *fdelta_encode(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    fd_format f = {elem, mant, ebits, 0, 8 * elem + 1, 0, 8 * elem + 1};
+    fd_format f = {elem, mant, ebits, 0, 8 * elem + 1, 0};
     long long got;
     Py_BEGIN_ALLOW_THREADS
     got = fd_encode(raw.buf, base.buf, n, f, out, limit < 0 ? 0 : (size_t)limit);

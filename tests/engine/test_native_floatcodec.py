@@ -19,10 +19,10 @@ PROB_BITS, RANS_L, LANES, EBUCKETS = 12, 1 << 15, 4, 16
 
 def reference_decode(payload: bytes, base: bytes) -> bytes:
     """format.md 3.2.1, step by step, one element at a time."""
-    elem, mant, ebits, elo, bshift, pcap = payload[:6]
-    n, word_bytes, bit_bytes, used = struct.unpack_from("<IIIH", payload, 6)
+    elem, mant, ebits, elo, bshift = payload[:5]
+    n, word_bytes, bit_bytes, used = struct.unpack_from("<IIIH", payload, 5)
     nsym, width = 8 * elem + 1, 8 * elem
-    pos = 20
+    pos = 19
     tables: dict[int, list[int]] = {}  # context -> frequency of each symbol
     for _ in range(used):
         ctx, k = struct.unpack_from("<HB", payload, pos)
@@ -39,12 +39,11 @@ def reference_decode(payload: bytes, base: bytes) -> bytes:
     words = payload[pos:pos + word_bytes]
     bits = int.from_bytes(payload[pos + word_bytes:pos + word_bytes + bit_bytes], "little")
     wpos = bpos = 0
-    prev = [0] * LANES
     out = bytearray()
     for i in range(n):
         y = int.from_bytes(base[i * elem:(i + 1) * elem], "little")
         bucket = min(max(((y >> mant) & ((1 << ebits) - 1)) - elo, 0), EBUCKETS - 1)
-        freq = tables[(bucket >> bshift) * pcap + min(prev[i % LANES], pcap - 1)]
+        freq = tables[bucket >> bshift]
         x = states[i % LANES]
         slot = x & ((1 << PROB_BITS) - 1)
         cum = 0
@@ -64,7 +63,6 @@ def reference_decode(payload: bytes, base: bytes) -> bytes:
             z = 1 << (s - 1) | low
         d = (z >> 1) ^ -(z & 1)
         out += ((y + d) % (1 << width)).to_bytes(elem, "little")
-        prev[i % LANES] = s
     assert states == [RANS_L] * LANES and wpos == word_bytes
     return bytes(out)
 
@@ -171,7 +169,7 @@ def test_damaged_payloads_are_refused_or_decode_to_other_bytes(fmt: str) -> None
     with pytest.raises(ValueError, match="fdelta payload"):
         decode(payload + b"\0", base)
     rng = np.random.default_rng(5)
-    bits_at = len(payload) - struct.unpack_from("<I", payload, 14)[0]  # where the raw bits start
+    bits_at = len(payload) - struct.unpack_from("<I", payload, 13)[0]  # where the raw bits start
     refused = coded = 0
     for at in rng.integers(0, len(payload), 400):
         bad = bytearray(payload)

@@ -6,10 +6,11 @@ and each codec's speed on its own.
 
 For each series (tools/bench/seriescache.py, built under --work unless there) and each
 repetition, two arms in alternating order, each a new store (Store API, no mount: the
-codec alone, without FUSE's costs): every checkpoint's files written in training order,
-then `compact` + `gc` (timed), stats, and every checkpoint read back in full (verified
-against the files, timed, three reads each: the first after the compaction, so the
-page cache holds the segments and the time is the decoding). Arms:
+codec alone, without FUSE's costs on the way in): every checkpoint's files written in
+training order, then `compact` + `gc` (timed), stats, every file read back and compared;
+then the store mounted and every checkpoint read cold through the mount (4 MiB reads,
+page cache dropped before each, --read-reps times, as the compaction benchmark reads).
+Arms:
 
 * **before**: the engine as it was (codec 4 switched off: `FLOAT_FORMATS` emptied in this
   process, so every float piece takes the subtraction delta or stays whole);
@@ -37,6 +38,8 @@ from cowfs.store import Store
 from cowfs.store.log import codecs
 
 from . import seriescache
+from .compaction import cold_reads
+from .mounting import mounted
 from .pieces import Version, base_index, load_series, version_dirs
 
 ARMS = ("before", "fdelta")
@@ -55,7 +58,7 @@ def write_series(store: Store, series_dir: Path) -> dict[str, bytes]:
     return files
 
 
-def run_arm(arm: str, series_dir: Path, work: Path) -> dict[str, Any]:
+def run_arm(arm: str, series_dir: Path, work: Path, read_reps: int) -> dict[str, Any]:
     saved = dict(codecs.FLOAT_FORMATS)
     if arm == "before":
         codecs.FLOAT_FORMATS.clear()
@@ -70,19 +73,14 @@ def run_arm(arm: str, series_dir: Path, work: Path) -> dict[str, Any]:
             store.gc()
             compact_s = time.monotonic() - t0
             stats = store.stats()
-            reads: dict[str, list[float]] = {}
-            for vdir in version_dirs(series_dir):
-                times = []
-                for _ in range(3):
-                    t = time.monotonic()
-                    for path in files:
-                        if path.startswith(f"/{vdir.name}/"):
-                            if store.read_file(path) != files[path]:
-                                raise SystemExit(f"fdelta bench: {path} reads back other bytes ({arm})")
-                    times.append(time.monotonic() - t)
-                reads[vdir.name] = times
-            ck_bytes = {v.name: sum(len(d) for p, d in files.items() if p.startswith(f"/{v.name}/"))
-                        for v in version_dirs(series_dir)}
+            for path, data in files.items():
+                if store.read_file(path) != data:
+                    raise SystemExit(f"fdelta bench: {path} reads back other bytes ({arm})")
+        names = [v.name for v in version_dirs(series_dir)]
+        with mounted(root, work / f"mnt-{arm}") as m:
+            cold = cold_reads(m, {name: name for name in names}, read_reps)
+        ck_bytes = {name: cold[name]["bytes"] for name in names}
+        reads = {name: cold[name]["seconds"] for name in names}
         logical = sum(len(d) for d in files.values())
         return {
             "arm": arm, "logical": logical, "stored": stats["stored_bytes"],
@@ -90,6 +88,7 @@ def run_arm(arm: str, series_dir: Path, work: Path) -> dict[str, Any]:
             "compact_MBps": logical / compact_s / 1e6, "deltas": report.deltas,
             "codecs": {c: v["chunks"] for c, v in stats["codecs"].items()},
             "read_MBps": {name: ck_bytes[name] / statistics.median(ts) / 1e6 for name, ts in reads.items()},
+            "caches_dropped": cold["caches_dropped"],
         }
     finally:
         codecs.FLOAT_FORMATS.update(saved)
@@ -181,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a series directory to use as it is (another optimizer's run), besides --series")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per arm")
     ap.add_argument("--codec-reps", type=int, default=3, help="timings per piece and codec")
+    ap.add_argument("--read-reps", type=int, default=3, help="cold reads of every checkpoint per run")
     ap.add_argument("--md", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for rep in range(args.reps):
             for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
-                runs.append(run_arm(arm, series_dir, args.work))
+                runs.append(run_arm(arm, series_dir, args.work, args.read_reps))
                 print(f"{name} {arm}: {runs[-1]['ratio']:.4f} in {runs[-1]['compact_s']:.1f} s", file=sys.stderr)
         speeds = codec_speeds(load_series(series_dir, 1 << 20), args.codec_reps)
         text.append(markdown(name, runs, speeds))
