@@ -140,11 +140,18 @@ static int too_large(const uint8_t *raw, const uint8_t *base, size_t n, const fd
 long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit)
 {
     int emax = -1, einf = (1 << f.ebits) - 1;
-    for (size_t i = 0; i < n; i++) {
-        int e = (int)((load_elem(base, i, f.elem) >> f.mant) & (uint32_t)einf);
-        if (e != einf && e > emax)
-            emax = e;
-    }
+    if (f.elem == 2) /* the largest finite exponent, without a branch per element */
+        for (size_t i = 0; i < n; i++) {
+            int e = (int)((load_elem(base, i, 2) >> f.mant) & (uint32_t)einf);
+            e = e == einf ? -1 : e;
+            emax = e > emax ? e : emax;
+        }
+    else
+        for (size_t i = 0; i < n; i++) {
+            int e = (int)((load_elem(base, i, 4) >> f.mant) & (uint32_t)einf);
+            e = e == einf ? -1 : e;
+            emax = e > emax ? e : emax;
+        }
     f.elo = emax > EBUCKETS - 1 ? emax - (EBUCKETS - 1) : 0;
 
     size_t cells = (size_t)EBUCKETS * f.nsym;
@@ -170,23 +177,35 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     int nacc = 0;
     uint8_t *bp = bits;
     uint32_t wmask = f.elem == 2 ? 0xffffu : 0xffffffffu;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t x = load_elem(raw, i, f.elem), y = load_elem(base, i, f.elem);
-        uint32_t d = (x - y) & wmask;
-        uint32_t z = ((d << 1) ^ (0u - (d >> (8 * f.elem - 1)))) & wmask;
-        int L = bit_length(z);
-        int c = bucket(y, &f);
-        sym[i] = (uint8_t)L;
-        ctx[i] = (uint8_t)c;
-        fine[(i & 1) * cells + (size_t)c * f.nsym + L]++; /* no store-to-load chain between neighbours */
-        int nb = L - (L > 0); /* the bits below the leading one, appended without a branch: */
-        acc |= (uint64_t)(z & ((1u << nb) - 1)) << nacc; /* at most 7 + 31 bits held */
-        nacc += nb;
-        put64(bp, acc);
-        bp += nacc >> 3;
-        acc >>= nacc & ~7;
-        nacc &= 7;
+    uint8_t bucket_of[1 << 11]; /* exponent field -> bucket */
+    for (int e = 0; e <= einf; e++) {
+        int b = e - f.elo;
+        bucket_of[e] = (uint8_t)(b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b));
     }
+    const int mant = f.mant, nsym = f.nsym;
+#define FD_SCAN(ELEM)                                                                               \
+    for (size_t i = 0; i < n; i++) {                                                                \
+        uint32_t x = load_elem(raw, i, (ELEM)), y = load_elem(base, i, (ELEM));                     \
+        uint32_t d = (x - y) & wmask;                                                               \
+        uint32_t z = ((d << 1) ^ (0u - (d >> (8 * (ELEM) - 1)))) & wmask;                           \
+        int L = bit_length(z);                                                                      \
+        int c = bucket_of[(y >> mant) & (uint32_t)einf];                                            \
+        sym[i] = (uint8_t)L;                                                                        \
+        ctx[i] = (uint8_t)c;                                                                        \
+        fine[(i & 1) * cells + (size_t)c * nsym + L]++; /* no store-to-load chain between neighbours */ \
+        int nb = L - (L > 0); /* the bits below the leading one, appended without a branch: */      \
+        acc |= (uint64_t)(z & ((1u << nb) - 1)) << nacc; /* at most 7 + 31 bits held */             \
+        nacc += nb;                                                                                 \
+        put64(bp, acc);                                                                             \
+        bp += nacc >> 3;                                                                            \
+        acc >>= nacc & ~7;                                                                          \
+        nacc &= 7;                                                                                  \
+    }
+    if (f.elem == 2)
+        FD_SCAN(2)
+    else
+        FD_SCAN(4)
+#undef FD_SCAN
     size_t bit_bytes = ((size_t)(bp - bits) + (nacc > 0) + 7) / 8 * 8; /* zero padded to whole u64s */
     for (size_t k = 0; k < cells; k++)
         fine[k] += fine[cells + k];

@@ -18,7 +18,9 @@ from cowfs.store.log.codecs import (
     CODEC_RAW,
     CODEC_SUB,
     CODEC_XOR,
+    BLOSC_ONLY,
     DELTA_MAX_SHARE,
+    FDELTA_ONLY,
     FDELTA_SURE,
     ID_SIZE,
     base_of,
@@ -209,3 +211,22 @@ def test_a_damaged_float_delta_is_corrupt_data() -> None:
         decode(CODEC_FDELTA, bytes(bad), len(raw), lambda i: base)
     with pytest.raises(CorruptData, match="fdelta payload"):
         decode(CODEC_FDELTA, bytes(enc.payload)[:-9], len(raw), lambda i: base)
+
+
+def test_the_orders_change_what_is_tried_never_what_decodes() -> None:
+    rng = np.random.default_rng(9)
+    v = rng.exponential(1e-6, 1 << 16).astype(np.float32)
+    base, raw = bf16(v), bf16(v / 0.98 + rng.exponential(1e-8, v.size))  # Blosc2's delta is the smaller
+    only = encode_delta(raw, 2, b"o" * ID_SIZE, base, NEVER, "BF16", FDELTA_ONLY)
+    first = encode_delta(raw, 2, b"o" * ID_SIZE, base, NEVER, "BF16", BLOSC_ONLY)
+    assert only is not None and only.codec == CODEC_FDELTA  # trusted: Blosc2's not tried
+    assert first is not None and first.codec == CODEC_SUB and first.stored_len < only.stored_len
+    old = weights(1 << 16, 10)
+    w_base, w_raw = bf16(old), bf16(old + rng.normal(0, 1e-4, old.shape).astype(np.float32))
+    trusted = encode_delta(w_raw, 2, b"o" * ID_SIZE, w_base, NEVER, "BF16", BLOSC_ONLY)
+    assert trusted is not None and trusted.codec == CODEC_SUB  # trusted too, though the float delta is smaller
+    noisy = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint16).tobytes()  # Blosc2's cannot save a tenth:
+    limit = len(noisy)  # the float delta is tried (it cannot either)
+    assert encode_delta(noisy, 2, b"o" * ID_SIZE, w_base, limit, "BF16", BLOSC_ONLY) is None
+    for enc, (r, b) in ((only, (raw, base)), (first, (raw, base)), (trusted, (w_raw, w_base))):
+        assert bytes(decode(enc.codec, enc.payload, len(r), lambda i, b=b: b)) == r

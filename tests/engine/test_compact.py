@@ -407,3 +407,20 @@ def test_a_damaged_body_is_skipped_and_the_others_are_compacted(tmp_path):
             s.read_file("/checkpoint-0/optimizer.pt")
         s.fsck(repair=True)
         assert s.fsck().clean
+
+
+def test_the_run_remembers_which_delta_won_per_tensor_and_checks_again() -> None:
+    from cowfs.store.log.codecs import BLOSC_ONLY, CODEC_SUB, FDELTA_FIRST, FDELTA_ONLY, Encoded
+    from cowfs.store.tensors.compact_body import RecentPieces
+    recent = RecentPieces()
+    key = b"tensor"
+    assert recent.delta_order(key) == FDELTA_FIRST and recent.delta_order(None) == FDELTA_FIRST
+    recent.note_winner(key, Encoded(CODEC_SUB, b"", b""))
+    assert recent.delta_order(key) == BLOSC_ONLY
+    recent.note_winner(key, None)  # no delta kept: nothing learnt
+    assert recent.delta_order(key) == BLOSC_ONLY
+    orders = []
+    for _ in range(RecentPieces.RECHECK):
+        recent.note_winner(key, Encoded(4, b"", b""))
+        orders.append(recent.delta_order(key))
+    assert orders.count(FDELTA_FIRST) == 1 and orders.count(FDELTA_ONLY) == RecentPieces.RECHECK - 1

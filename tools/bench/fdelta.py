@@ -36,11 +36,12 @@ from typing import Any
 from cowfs import _native
 from cowfs.store import Store
 from cowfs.store.log import codecs
+from cowfs.store.tensors.formats import TensorRegion
 
 from . import seriescache
 from .compaction import cold_reads
 from .mounting import mounted
-from .pieces import Version, base_index, load_series, version_dirs
+from .pieces import OPTIMIZER_ROLES, Version, base_index, file_regions, load_series, version_dirs
 
 ARMS = ("before", "fdelta")
 
@@ -58,6 +59,38 @@ def write_series(store: Store, series_dir: Path) -> dict[str, bytes]:
     return files
 
 
+def role_of(path: str, regions: list[TensorRegion], offset: int) -> str:
+    """'model.safetensors:param', 'optimizer.pt:exp_avg', ... for a tensor's bytes, else
+    'FILE:rest' (headers, pickles, small files), as pieces.Piece.category names them."""
+    name = path.rsplit("/", 1)[-1]
+    for r in regions:
+        if r.offset <= offset < r.offset + r.length:
+            last = r.name.rsplit(".", 1)[-1]
+            role = last if last in OPTIMIZER_ROLES else ("param" if name.endswith(".safetensors") else "other")
+            return f"{name}:{role}"
+    return f"{name}:rest"
+
+
+def stored_by_role(store: Store, files: dict[str, bytes], newest: str) -> dict[str, int]:
+    """Stored bytes per tensor role, each chunk counted once, where it first appears in
+    training order; the newest checkpoint's own chunks under 'newest'."""
+    seen: set[int] = set()
+    out: dict[str, int] = {}
+    for path, data in files.items():
+        vid = store.resolve(path).vid
+        rows = store.catalog.read(lambda conn: conn.execute(
+            "SELECT e.file_offset, c.cid, c.stored_len FROM versions v JOIN extents e ON e.content_id = v.content_id"
+            " JOIN chunks c ON c.cid = e.cid WHERE v.vid = ?", (vid,)).fetchall())
+        regions = file_regions(data, path.rsplit("/", 1)[-1])
+        for offset, cid, stored in rows:
+            if cid in seen:
+                continue
+            seen.add(cid)
+            role = "newest" if path.startswith(f"/{newest}/") else role_of(path, regions, offset)
+            out[role] = out.get(role, 0) + stored
+    return out
+
+
 def run_arm(arm: str, series_dir: Path, work: Path, read_reps: int) -> dict[str, Any]:
     saved = dict(codecs.FLOAT_FORMATS)
     if arm == "before":
@@ -73,6 +106,7 @@ def run_arm(arm: str, series_dir: Path, work: Path, read_reps: int) -> dict[str,
             store.gc()
             compact_s = time.monotonic() - t0
             stats = store.stats()
+            by_role = stored_by_role(store, files, version_dirs(series_dir)[-1].name)
             for path, data in files.items():
                 if store.read_file(path) != data:
                     raise SystemExit(f"fdelta bench: {path} reads back other bytes ({arm})")
@@ -88,7 +122,7 @@ def run_arm(arm: str, series_dir: Path, work: Path, read_reps: int) -> dict[str,
             "compact_MBps": logical / compact_s / 1e6, "deltas": report.deltas,
             "codecs": {c: v["chunks"] for c, v in stats["codecs"].items()},
             "read_MBps": {name: ck_bytes[name] / statistics.median(ts) / 1e6 for name, ts in reads.items()},
-            "caches_dropped": cold["caches_dropped"],
+            "caches_dropped": cold["caches_dropped"], "stored_by_role": by_role,
         }
     finally:
         codecs.FLOAT_FORMATS.update(saved)
@@ -159,6 +193,14 @@ def markdown(name: str, runs: list[dict[str, Any]], speeds: dict[str, Any]) -> s
                      f" | {spread([r['read_MBps'][names[0]] for r in mine])}"
                      f" | {spread([min(r['read_MBps'].values()) / r['read_MBps'][names[-1]] for r in mine])}"
                      f" | {', '.join(f'{c} {n}' for c, n in sorted(mine[0]['codecs'].items()))} |")
+    roles = sorted({k for r in runs for k in r["stored_by_role"]})
+    lines += ["", "Stored bytes by tensor role, as a share of the series' logical bytes (first run of each arm;"
+              " 'newest': the newest checkpoint's own records, raw):", "",
+              "| role | " + " | ".join(ARMS) + " |", "| --- |" + " --- |" * len(ARMS)]
+    first = {arm: next(r for r in runs if r["arm"] == arm) for arm in ARMS}
+    for role in roles:
+        lines.append(f"| {role} | " + " | ".join(f"{first[a]['stored_by_role'].get(role, 0) / first[a]['logical']:.4f}"
+                                                for a in ARMS) + " |")
     lines += ["", "Each codec alone, one thread, every float piece of every checkpoint but the newest against the"
               " next newer (stored / logical; 'lost': bytes codec 3 would have saved where the engine keeps"
               f" a codec 4 of at most {codecs.FDELTA_SURE} without trying codec 3):", "",

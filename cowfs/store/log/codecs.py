@@ -18,8 +18,8 @@ Payloads:
   CODEC_SUB      the base chunk's id (32 bytes), then a Blosc2 chunk of zigzag(raw - base),
                  elements as little-endian signed integers of the element size, wrapping
   CODEC_FDELTA   the base chunk's id (32 bytes), then a float piece's difference from its
-                 base, each element's bit length coded by rANS under a context model (the
-                 base's exponent, the lane's previous length), the bits below it raw
+                 base, each element's bit length coded by rANS in the context of the
+                 base element's exponent, the bits below it raw
                  (native/floatcodec.c; format.md 3.2.1). Floats only (bf16, f16, f32): the
                  tensor's dtype says where the exponent is.
 A delta's base has the same raw length. Decoding a delta needs the base's raw bytes, which
@@ -133,32 +133,56 @@ def can_subtract(length: int, elem_size: int) -> bool:
     return elem_size in SUB_SIZES and length % elem_size == 0
 
 
+FDELTA_FIRST, BLOSC_ONLY, FDELTA_ONLY = "fdelta first", "blosc only", "fdelta only"  # encode_delta's orders
+
+
 def encode_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_raw: bytes | memoryview,
-                 whole_len: int, dtype: str = "") -> Encoded | None:
-    """The difference against `base_raw`, the smallest of: for a float dtype of
+                 whole_len: int, dtype: str = "", order: str = FDELTA_FIRST) -> Encoded | None:
+    """The difference against `base_raw`, the smaller of: for a float dtype of
     FLOAT_FORMATS, the context-modelled fdelta; the subtraction per element where the
     length allows, else XOR, grouped and compressed. None unless it takes at most
-    DELTA_MAX_SHARE of `whole_len` (the bytes of the piece's whole record)."""
+    DELTA_MAX_SHARE of `whole_len` (the bytes of the piece's whole record).
+
+    `order` (the compactor's memory of what won for the tensor's last pieces):
+    FDELTA_FIRST tries the fdelta, then Blosc2's unless the fdelta takes at most
+    FDELTA_SURE of the piece; FDELTA_ONLY and BLOSC_ONLY try the other only when the one
+    named is not small enough."""
     if len(raw) != len(base_raw):
         raise ValueError(f"delta of {len(raw)} bytes against {len(base_raw)}")
     limit = int(whole_len * DELTA_MAX_SHARE) - ID_SIZE
-    best: Encoded | None = None
     fmt = FLOAT_FORMATS.get(dtype)
-    if fmt is not None and fmt[0] == elem_size and len(raw) % elem_size == 0 and limit > 0:
-        packed = _native.fdelta_encode(raw, base_raw, *fmt, limit)
-        if packed is not None:
-            best = Encoded(CODEC_FDELTA, base_id + packed, base_id)
-            if len(packed) <= len(raw) * FDELTA_SURE:
-                return best  # Blosc2's delta has never been seen to beat it there (docs/benchmarks.md)
-            limit = len(packed) - 1
+    if fmt is None or fmt[0] != elem_size or len(raw) % elem_size:
+        return _blosc_delta(raw, elem_size, base_id, base_raw, limit)
+    if order == BLOSC_ONLY:
+        return _blosc_delta(raw, elem_size, base_id, base_raw, limit) or _fdelta(raw, fmt, base_id, base_raw, limit)
+    best = _fdelta(raw, fmt, base_id, base_raw, limit)
+    if best is not None:
+        if order == FDELTA_ONLY or best.stored_len - ID_SIZE <= len(raw) * FDELTA_SURE:
+            return best  # Blosc2's delta has never been seen to beat it there (docs/benchmarks.md)
+        limit = best.stored_len - ID_SIZE - 1
+    return _blosc_delta(raw, elem_size, base_id, base_raw, limit) or best
+
+
+def _fdelta(raw: bytes | memoryview, fmt: tuple[int, int, int], base_id: bytes, base_raw: bytes | memoryview,
+            limit: int) -> Encoded | None:
+    """The fdelta record, if its payload (past the base id) takes at most `limit` bytes."""
+    if limit <= 0:
+        return None
+    packed = _native.fdelta_encode(raw, base_raw, *fmt, limit)
+    return Encoded(CODEC_FDELTA, base_id + packed, base_id) if packed is not None else None
+
+
+def _blosc_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_raw: bytes | memoryview,
+                 limit: int) -> Encoded | None:
+    """Blosc2's subtraction (or XOR) delta, if its payload past the base id takes at most `limit` bytes."""
+    if limit <= 0:
+        return None
     if can_subtract(len(raw), elem_size):
         codec, diff = CODEC_SUB, sub_bytes(raw, base_raw, elem_size)
     else:
         codec, diff = CODEC_XOR, xor_bytes(raw, base_raw)
     packed = _grouped(diff, elem_size)
-    if len(packed) <= limit:
-        return Encoded(codec, base_id + packed, base_id)
-    return best
+    return Encoded(codec, base_id + packed, base_id) if len(packed) <= limit else None
 
 
 def base_of(codec: int, payload: bytes | memoryview) -> bytes | None:

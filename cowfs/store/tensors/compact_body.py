@@ -17,7 +17,8 @@ from ..catalog.db import Txn
 from ..data.chunking import cut_all
 from ..data.content import Extent, load_extents
 from ..data.reader import FileReader
-from ..log.codecs import CODEC_RAW, DELTA_CODECS, MAX_CHAIN, Encoded, encode_delta, encode_whole
+from ..log.codecs import (BLOSC_ONLY, CODEC_FDELTA, CODEC_RAW, DELTA_CODECS, FDELTA_FIRST, FDELTA_ONLY, MAX_CHAIN, Encoded,
+                          encode_delta, encode_whole)
 from ..log.log import LOCATION_COLS, Location, location
 from . import lineage
 from .formats import TensorRegion, regions
@@ -57,12 +58,29 @@ class Retry(Exception):
 class RecentPieces:
     """The raw bytes of the piece the run handled last for each (tensor key, piece), at most
     RECENT_BYTES (oldest dropped first): the next older body's piece is encoded against them
-    without reading them back from the log (a delta would be decoded through its chain)."""
+    without reading them back from the log (a delta would be decoded through its chain).
+    Also which delta codec won for each tensor (`delta_order`), so that its next pieces try
+    that one alone; every RECHECK-th piece of a tensor tries both again (the workers note
+    the winners; a stale answer costs a little space, never bytes)."""
+
+    RECHECK = 8
 
     def __init__(self, budget: int = RECENT_BYTES) -> None:
         self._budget = budget
         self._pieces: OrderedDict[tuple[bytes, int], tuple[bytes, memoryview]] = OrderedDict()
         self._bytes = 0
+        self._winners: dict[bytes, tuple[bool, int]] = {}  # tensor key -> (the float delta won, pieces since)
+
+    def delta_order(self, key: bytes | None) -> str:
+        won = self._winners.get(key) if key is not None else None
+        if won is None or won[1] % self.RECHECK == self.RECHECK - 1:
+            return FDELTA_FIRST
+        return FDELTA_ONLY if won[0] else BLOSC_ONLY
+
+    def note_winner(self, key: bytes | None, delta: Encoded | None) -> None:
+        if key is not None and delta is not None:
+            seen = self._winners.get(key, (False, -1))[1]
+            self._winners[key] = (delta.codec == CODEC_FDELTA, seen + 1)
 
     def get(self, key: bytes, index: int, chunk: bytes) -> memoryview | None:
         got = self._pieces.get((key, index))
@@ -110,6 +128,7 @@ class _NewJob:
     view: memoryview
     elem_size: int
     dtype: str
+    key: bytes | None  # a tensor piece's tensor key
     keyed: bool  # a tensor piece
     newest: bool  # a tensor piece no compacted body after this one has: stored raw
     base: _Known | None  # a tensor piece with a newer neighbour it may lean on
@@ -123,6 +142,7 @@ class _OldJob:
     base_raw: memoryview | None
     elem_size: int
     dtype: str
+    key: bytes | None
 
 
 @dataclass
@@ -238,7 +258,7 @@ class Body:
             newer = by_chunk[h].newer if s.key is not None else None
             base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
-            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key is not None, s.key is not None and newer is None, base, raw)
+            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None, s.key is not None and newer is None, base, raw)
         self._append_new(list(jobs.values()))
         for (s, view), h in zip(cut, ids):
             self.extents.append(Extent(s.offset, s.length, h, known.get(h)))  # new chunks: self.written
@@ -299,7 +319,9 @@ class Body:
             except Exception as e:  # a damaged neighbour: this piece is stored whole; fsck names it
                 self.report.errors.append(f"chunk {job.base.chunk.hex()[:16]}: not used as a delta base ({e})")
                 return whole, 0
-        delta = encode_delta(job.view, job.elem_size, job.base.chunk, base_raw, whole.stored_len, job.dtype)
+        delta = encode_delta(job.view, job.elem_size, job.base.chunk, base_raw, whole.stored_len, job.dtype,
+                             self.recent.delta_order(job.key))
+        self.recent.note_winner(job.key, delta)
         return (delta, whole.stored_len - delta.stored_len) if delta is not None else (whole, 0)
 
     # -- step 3 ---------------------------------------------------------------------------
@@ -313,7 +335,7 @@ class Body:
             if me is not None and me.loc.codec == CODEC_RAW and me.cid not in self.superseded and (
                     (a.newer is not None and a.newer.chunk == h) or (a.older is not None and a.older.chunk == h)):
                 self.superseded.add(me.cid)  # shared unchanged with a neighbour (frozen): no longer raw
-                jobs.append(_OldJob(me, None, None, s.elem_size, s.dtype))
+                jobs.append(_OldJob(me, None, None, s.elem_size, s.dtype, s.key))
                 continue
             q = a.older
             if q is None or q.chunk == h or q.cid in self.superseded or q.loc.codec in DELTA_CODECS \
@@ -327,7 +349,7 @@ class Body:
             if not lean and q.loc.codec != CODEC_RAW:
                 continue
             self.superseded.add(q.cid)
-            jobs.append(_OldJob(q, h if lean else None, view if lean else None, s.elem_size, s.dtype))
+            jobs.append(_OldJob(q, h if lean else None, view if lean else None, s.elem_size, s.dtype, s.key))
         if not jobs:
             return
         self.pinned.extend(j.target.chunk for j in jobs)
@@ -357,7 +379,9 @@ class Body:
         whole = encode_whole(raw, job.elem_size) if t.loc.codec == CODEC_RAW else None
         if job.base is not None and job.base_raw is not None:
             delta = encode_delta(raw, job.elem_size, job.base, job.base_raw,
-                                 whole.stored_len if whole is not None else t.loc.stored_len, job.dtype)
+                                 whole.stored_len if whole is not None else t.loc.stored_len, job.dtype,
+                                 self.recent.delta_order(job.key))
+            self.recent.note_winner(job.key, delta)
             if delta is not None:
                 return delta
         return whole if whole is not None and whole.codec != CODEC_RAW else None
