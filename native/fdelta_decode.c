@@ -33,7 +33,7 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     dec_table *tab = calloc((size_t)nctx, sizeof(dec_table));
     if (!tab)
         return "out of memory";
-    for (int c = 0; c < nctx; c++) /* a context the table lacks decodes as symbol 0, then fails */
+    for (int c = 0; c < nctx; c++) /* rows the payload lacks: searches stop at once (never decoded: see below) */
         for (int s = 0; s <= MAX_SYMS; s++)
             tab[c].cum[s] = PROB_SCALE;
     const char *err = NULL;
