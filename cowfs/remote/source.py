@@ -202,7 +202,8 @@ class ReplicaSource:
         try:
             (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if int(version) not in SAME_TABLES:
-                raise StoreError(f"{cat.key}: catalog schema version {version}; this cowfs reads {SAME_TABLES[0]}-{SCHEMA_VERSION}")
+                raise StoreError(f"{cat.key}: catalog schema version {version};"
+                                 f" this cowfs reads {SAME_TABLES[0]}-{SCHEMA_VERSION}")
             conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
             conn.execute("BEGIN")
             conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")

@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     for raw, base in pairs:
         length, bucket = symbols(raw, base)
         groups = [length[bucket == k] for k in range(EBUCKETS)]
-        models = [constriction.stream.model.Categorical(
-            (np.bincount(g, minlength=17) / g.size).astype(np.float32), perfect=False) if g.size else None for g in groups]
+        models = [constriction.stream.model.Categorical((np.bincount(g, minlength=17) / g.size).astype(np.float32),
+                                                        perfect=False) if g.size else None for g in groups]
         best = {k: float("inf") for k in t}
         for _ in range(args.reps):
             t0 = time.perf_counter()

@@ -204,7 +204,8 @@ def markdown(name: str, runs: list[dict[str, Any]], speeds: dict[str, Any]) -> s
     lines += ["", "Each codec alone, one thread, every float piece of every checkpoint but the newest against the"
               " next newer (stored / logical; 'lost': bytes codec 3 would have saved where the engine keeps"
               f" a codec 4 of at most {codecs.FDELTA_SURE} without trying codec 3):", "",
-              "| tensor role | MB | sub | fdelta | sub enc MB/s | fdelta enc MB/s | sub dec MB/s | fdelta dec MB/s | lost |",
+              "| tensor role | MB | sub | fdelta | sub enc MB/s | fdelta enc MB/s | sub dec MB/s | fdelta dec MB/s"
+              " | lost |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for role, c in sorted(speeds.items()):
         lines.append(f"| {role} | {c['logical'] / 1e6:.1f} | {c['sub ratio']:.3f} | {c['fdelta ratio']:.3f}"

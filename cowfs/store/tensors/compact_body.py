@@ -17,8 +17,8 @@ from ..catalog.db import Txn
 from ..data.chunking import cut_all
 from ..data.content import Extent, load_extents
 from ..data.reader import FileReader
-from ..log.codecs import (BLOSC_ONLY, CODEC_FDELTA, CODEC_RAW, DELTA_CODECS, FDELTA_FIRST, FDELTA_ONLY, MAX_CHAIN, Encoded,
-                          encode_delta, encode_whole)
+from ..log.codecs import (BLOSC_ONLY, CODEC_FDELTA, CODEC_RAW, DELTA_CODECS, FDELTA_FIRST, FDELTA_ONLY, MAX_CHAIN,
+                          Encoded, encode_delta, encode_whole)
 from ..log.log import LOCATION_COLS, Location, location
 from . import lineage
 from .formats import TensorRegion, regions
@@ -258,7 +258,8 @@ class Body:
             newer = by_chunk[h].newer if s.key is not None else None
             base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
-            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None, s.key is not None and newer is None, base, raw)
+            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None,
+                              s.key is not None and newer is None, base, raw)
         self._append_new(list(jobs.values()))
         for (s, view), h in zip(cut, ids):
             self.extents.append(Extent(s.offset, s.length, h, known.get(h)))  # new chunks: self.written
