@@ -229,12 +229,12 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     mode_bits(fine, f.nsym, f.bshift, count, 1); /* the chosen mode's counts */
 
     size_t used = 0, table_bytes = 0;
+    int present[EBUCKETS] = {0}; /* symbols seen per context: its table row's length */
     for (int c = 0; c < nctx; c++) {
         uint32_t *cnt = count + (size_t)c * f.nsym, *fr = freq + (size_t)c * f.nsym;
-        int present = 0;
         for (int s = 0; s < f.nsym; s++)
-            present += cnt[s] != 0;
-        if (!present)
+            present[c] += cnt[s] != 0;
+        if (!present[c])
             continue;
         normalize(cnt, f.nsym, fr);
         uint32_t run = 0;
@@ -243,7 +243,7 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
             run += fr[s];
         }
         used++;
-        table_bytes += 3 + 3 * (size_t)present;
+        table_bytes += 3 + 3 * (size_t)present[c];
     }
 
     /* rANS, backwards (the decoder reads the words forwards), dividing by reciprocals
@@ -298,13 +298,10 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     o += HEADER;
     for (int c = 0; c < nctx; c++) {
         uint32_t *cnt = count + (size_t)c * f.nsym, *fr = freq + (size_t)c * f.nsym;
-        int present = 0;
-        for (int s = 0; s < f.nsym; s++)
-            present += cnt[s] != 0;
-        if (!present)
+        if (!present[c])
             continue;
         put16(o, (uint32_t)c);
-        o[2] = (uint8_t)present;
+        o[2] = (uint8_t)present[c];
         o += 3;
         for (int s = 0; s < f.nsym; s++)
             if (cnt[s]) {

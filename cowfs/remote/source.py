@@ -62,6 +62,15 @@ class Fetched:
     new_file: bool
 
 
+def check_schema(conn: sqlite3.Connection, name: str) -> None:
+    """Refuse a whole catalog whose tables are not this cowfs's (schema versions SAME_TABLES:
+    a producer not yet upgraded to 6 writes 5, the same tables without codec 4)."""
+    (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if int(version) not in SAME_TABLES:
+        raise StoreError(f"{name}: catalog schema version {version};"
+                         f" this cowfs reads {SAME_TABLES[0]}-{SCHEMA_VERSION}")
+
+
 class ReplicaSource:
     """One followed store's catalog files in the cache. `shared`: the consumer's bucket and
     remote.db when it follows several stores (union_source.py); else its own."""
@@ -200,10 +209,7 @@ class ReplicaSource:
         self._get(cat.key, tmp)
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
-            (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if int(version) not in SAME_TABLES:
-                raise StoreError(f"{cat.key}: catalog schema version {version};"
-                                 f" this cowfs reads {SAME_TABLES[0]}-{SCHEMA_VERSION}")
+            check_schema(conn, cat.key)
             conn.execute("ATTACH DATABASE ? AS r", (str(self.cache / REMOTE_STATE_FILE),))
             conn.execute("BEGIN")
             conn.execute(f"CREATE TABLE {PACKS_USED} (id INTEGER PRIMARY KEY)")

@@ -117,15 +117,20 @@ def test_cli_upgrade(v1_store: Path, tmp_path: Path) -> None:
 V2 = Path(__file__).parent.parent / "data" / "store-v2.tar.gz"
 
 
-def v2_series(n: int = 4) -> list[bytes]:
-    """The model files of the version 2 store, and one more checkpoint after them."""
-    g = torch.Generator().manual_seed(0)
+def model_series(seed: int, dtype: torch.dtype = torch.float32, n: int = 4) -> list[bytes]:
+    """Two layers trained n steps: one safetensors file per step, saved in `dtype`."""
+    g = torch.Generator().manual_seed(seed)
     w = {f"layers.{i}.weight": torch.randn(32, 256, generator=g) * 0.02 for i in range(2)}
     out = []
     for _ in range(n):
         w = {k: v - 1e-4 * torch.randn(v.shape, generator=g) for k, v in w.items()}
-        out.append(st_save(w))
+        out.append(st_save({k: v.to(dtype) for k, v in w.items()}))
     return out
+
+
+def v2_series() -> list[bytes]:
+    """The model files of the version 2 store, and one more checkpoint after them."""
+    return model_series(0)
 
 
 @pytest.fixture
@@ -167,14 +172,9 @@ def test_version_2_store_is_refused_then_upgraded_with_its_lineage(v2_store: Pat
 V5 = Path(__file__).parent.parent / "data" / "store-v5.tar.gz"
 
 
-def v5_series(n: int = 4) -> list[bytes]:
-    g = torch.Generator().manual_seed(5)
-    w = {f"layers.{i}.weight": torch.randn(32, 256, generator=g) * 0.02 for i in range(2)}
-    out = []
-    for _ in range(n):
-        w = {k: v - 1e-4 * torch.randn(v.shape, generator=g) for k, v in w.items()}
-        out.append(st_save({k: v.to(torch.bfloat16) for k, v in w.items()}))
-    return out
+def v5_series() -> list[bytes]:
+    """The model files of the version 5 store (bf16), and one more checkpoint after them."""
+    return model_series(5, torch.bfloat16)
 
 
 def codec_counts(path: Path) -> dict[int, int]:
@@ -204,3 +204,20 @@ def test_version_5_store_is_refused_then_upgraded_and_compacts_with_the_float_de
     counts = codec_counts(store)
     assert counts.get(4) == 2 and counts.get(3) == 4, counts  # the old deltas stay as they were
     assert_clean(store)
+
+
+def test_a_consumer_reads_version_5_and_6_catalogs_and_refuses_others(tmp_path: Path) -> None:
+    """Schema 6 only adds codec 4: a bucket catalog from a producer still at 5 has the same
+    tables and is read; any other version is refused with one line."""
+    from cowfs.remote.source import check_schema
+    catalog = unpack(V5, tmp_path) / CATALOG_FILE
+    conn = sqlite3.connect(catalog, isolation_level=None)
+    try:
+        check_schema(conn, "v5.db")
+        conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
+        check_schema(conn, "v6.db")
+        conn.execute("UPDATE meta SET value = 4 WHERE key = 'schema_version'")
+        with pytest.raises(StoreError, match=r"v4.db: catalog schema version 4; this cowfs reads 5-6"):
+            check_schema(conn, "v4.db")
+    finally:
+        conn.close()

@@ -129,7 +129,6 @@ class _NewJob:
     elem_size: int
     dtype: str
     key: bytes | None  # a tensor piece's tensor key
-    keyed: bool  # a tensor piece
     newest: bool  # a tensor piece no compacted body after this one has: stored raw
     base: _Known | None  # a tensor piece with a newer neighbour it may lean on
     base_raw: memoryview | None  # the neighbour's raw bytes, if at hand
@@ -258,8 +257,7 @@ class Body:
             newer = by_chunk[h].newer if s.key is not None else None
             base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
-            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None,
-                              s.key is not None and newer is None, base, raw)
+            jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None and newer is None, base, raw)
         self._append_new(list(jobs.values()))
         for (s, view), h in zip(cut, ids):
             self.extents.append(Extent(s.offset, s.length, h, known.get(h)))  # new chunks: self.written
