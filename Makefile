@@ -9,7 +9,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # ceph-*/radosgw: tests/remote bring up a one-node Ceph cluster with RGW on 127.0.0.1
 # (tests/support/rgw.py, docs/remote-tests.md); no ceph-mgr is needed for that
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config libisal-dev strace ceph-mon ceph-osd radosgw ceph-common
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config libisal-dev strace patch ceph-mon ceph-osd radosgw ceph-common
 # Pinned CPU wheel; installed on its own first so nothing resolves a CUDA torch.
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -35,10 +35,13 @@ apt-deps:
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-running the editable install when a native/ source changes rebuilds the extension.
-$(STAMP): pyproject.toml setup.py $(NATIVE_SRC) | apt-deps $(VPY)
+# Re-running the editable install when a native/ source changes rebuilds the extension. Then
+# pyfuse3 is rebuilt from its source release with the GIL released around its copies
+# (cowfs/fs/binding.py); tools/pyfuse3_build.py does nothing when that build is there already.
+$(STAMP): pyproject.toml setup.py $(NATIVE_SRC) native/pyfuse3/release-gil.patch tools/pyfuse3_build.py | apt-deps $(VPY)
 	$(VPY) -m pip install --no-input $(TORCH)
 	$(VPY) -m pip install --no-input -e '.[test]'
+	$(VPY) tools/pyfuse3_build.py
 	touch $@
 
 # mount(8) and /etc/fstab run /sbin/mount.fuse.cowfs for type fuse.cowfs (README): link it to the

@@ -31,6 +31,7 @@ from ..store.log.layout import LOCK_FILE, read_config
 from ..units import parse_duration
 from .control_server import serve_control
 from .heap import keep_freed_memory
+from .binding import describe as describe_binding
 from .bulk_server import serve_bulk
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
@@ -256,7 +257,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         options |= set(vfs_options)
         pyfuse3.init(ops, str(mountpoint), options)
         ops.mount_id = mount_id(str(mountpoint))
-        log.info("mounted %s on %s (pid %d)", store.root, mountpoint, os.getpid())
+        log.info("mounted %s on %s (pid %d); %s", store.root, mountpoint, os.getpid(), describe_binding())
         _hint_pipe_size()
         try:
             trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on, peers)

@@ -146,7 +146,7 @@ def test_options_quick_and_full() -> None:
     assert (full.mib_per_stream, full.torch_gib) == (1024, 4.0)
     own = options_from_args(_args(full=True, mib_per_stream=64, torch_gib=0.0, streams="1,2", tmpfs_size="3G"))
     assert (own.mib_per_stream, own.torch_gib, own.streams, own.tmpfs_bytes()) == (64, 0.0, [1, 2], 3 * GIB)
-    assert full.tmpfs_bytes() == int((16 * GIB + 4 * GIB) * 1.25) + GIB  # the largest S, the torch file, room
+    assert full.tmpfs_bytes() == int(2 * (16 * GIB + 4 * GIB) * 1.25) + GIB  # both arms: the largest S, the torch file
     for bad in (_args(reps=0), _args(mib_per_stream=0), _args(torch_gib=-1.0), _args(streams="1,0"), _args(streams="")):
         with pytest.raises(ValueError):
             options_from_args(bad)

@@ -463,7 +463,9 @@ def run_scaling(work: Path, opts: ScalingOptions, log: Log) -> dict[str, Any]:
             part.run()
         finally:
             part.mount.unmount()
-        return {"fs": fs, "fs_type": fs_type, "cpus": os.cpu_count() or 1, "streams": opts.streams,
+        from cowfs.fs.binding import pyfuse3_version  # the daemon runs in this interpreter's environment
+        return {"fs": fs, "fs_type": fs_type, "cpus": os.cpu_count() or 1, "pyfuse3": pyfuse3_version(),
+                "streams": opts.streams,
                 "mib_per_stream": opts.mib_per_stream, "reps": opts.reps, "torch_gib": opts.torch_gib,
                 "torch_bytes": next((r["bytes"] for r in part.runs if r["part"] == "torch-save"), 0),
                 "workers": opts.workers, "tmpfs": opts.tmpfs, "budget_s": opts.budget_s, "skipped": part.skipped,

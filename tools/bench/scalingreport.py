@@ -47,14 +47,16 @@ class ScalingOptions:
     torch_gib: float = 0.25
     workers: int | None = None  # cowfs mount --workers
     tmpfs: bool = False
-    tmpfs_size: str | None = None  # None: enough for the largest stream count and the torch file
+    tmpfs_size: str | None = None  # None: the largest stream count and the torch file, in both arms at once
     budget_s: float | None = None
 
     def tmpfs_bytes(self) -> int:
         if self.tmpfs_size:
             return parse_size(self.tmpfs_size)
+        # the cowfs arm's store and the plain arm's files can both be there (the store's space
+        # comes back at its gc, its log segments only as whole segments)
         need = max(self.streams) * self.mib_per_stream * MIB + self.torch_gib * GIB
-        return int(need * 1.25) + GIB
+        return int(2 * need * 1.25) + GIB
 
 
 def parse_size(text: str) -> int:
@@ -243,7 +245,8 @@ def markdown(sc: dict[str, Any], rows: list[dict[str, Any]], tgts: list[dict[str
         torch_note = f"torch: {sc['torch_gib']:g} GiB asked for, not run"
     lines = [f"One mount (`cowfs init --device file`, `--compact-idle off`"
              f"{', --workers ' + str(sc['workers']) if sc.get('workers') else ''}) against a plain directory, both in "
-             f"{sc['fs']}; {sc['cpus']} CPUs; {sc['mib_per_stream']} MiB per stream; {torch_note}; "
+             f"{sc['fs']}; {sc['cpus']} CPUs; pyfuse3 {sc.get('pyfuse3', 'unknown')}; {sc['mib_per_stream']} MiB "
+             f"per stream; {torch_note}; "
              f"{sc['reps']} rep(s) per S, cowfs and plain alternating first; page cache dropped before reads: "
              f"{'yes' if sc.get('caches_dropped') else 'NO (not root)'}. GB/s = 1e9 bytes over the wall time of all "
              "streams; figures are median [min-max] over reps; busy cores = machine CPU seconds (/proc/stat) / wall "

@@ -1,0 +1,43 @@
+"""Which build of pyfuse3 serves the mount.
+
+Stock pyfuse3 holds the GIL while its one request loop copies every byte: a WRITE's data
+out of the kernel (`fuse_session_receive_buf`, then `fuse_buf_copy` into a bytes object)
+and a READ's reply into it (`fuse_reply_buf`). Every other thread of the daemon waits
+meanwhile, which bounds one mount at about 1-1.5 GB/s however many cores it has
+(docs/benchmarks.md, "The GIL bounds one mount"). `make setup` therefore builds pyfuse3
+from its source release with `native/pyfuse3/release-gil.patch`, which releases the GIL
+around those three calls and changes nothing else (tools/pyfuse3_build.py), and installs it
+with the local version label below. cowfs runs on a stock pyfuse3 as well, only slower; the
+daemon says at mount which one it has.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+
+PATCH_LABEL = "cowfs.gil1"  # the local version label (PEP 440) of the patched build
+PATCHED_RELEASE = "3.5.0"  # the pyfuse3 release the patch is made for
+
+
+def pyfuse3_version() -> str:
+    try:
+        return importlib.metadata.version("pyfuse3")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def patched_version() -> str:
+    return f"{PATCHED_RELEASE}+{PATCH_LABEL}"
+
+
+def releases_gil(version: str | None = None) -> bool:
+    """Whether this pyfuse3 build is the one made with cowfs's patch."""
+    v = pyfuse3_version() if version is None else version
+    return v.partition("+")[2] == PATCH_LABEL
+
+
+def describe(version: str | None = None) -> str:
+    v = pyfuse3_version() if version is None else version
+    if releases_gil(v):
+        return f"pyfuse3 {v}: copies without the GIL"
+    return (f"pyfuse3 {v} (stock): its request loop holds the GIL while it copies every byte; "
+            f"`make setup` builds the patched one (tools/pyfuse3_build.py)")

@@ -1,0 +1,64 @@
+"""The pyfuse3 build (cowfs/fs/binding.py, tools/pyfuse3_build.py): `make setup` installs the
+one built with native/pyfuse3/release-gil.patch, and the builder refuses bad inputs with one
+line, changing nothing."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from cowfs.fs.binding import PATCH_LABEL, describe, patched_version, pyfuse3_version, releases_gil
+
+REPO = Path(__file__).resolve().parents[2]
+BUILDER = REPO / "tools" / "pyfuse3_build.py"
+
+
+def test_the_label_tells_the_patched_build() -> None:
+    assert releases_gil(f"3.5.0+{PATCH_LABEL}")
+    assert patched_version().endswith("+" + PATCH_LABEL)
+    for stock in ("3.5.0", "3.5.0+local", "unknown", f"3.5.0+{PATCH_LABEL}x"):
+        assert not releases_gil(stock)
+        assert "stock" in describe(stock)
+    assert "without the GIL" in describe(patched_version())
+
+
+def test_make_setup_installed_the_patched_build() -> None:
+    # the suite runs in the venv `make setup` made; a stock pyfuse3 here means its build step failed
+    assert pyfuse3_version() == patched_version(), describe()
+    import pyfuse3
+    assert Path(pyfuse3.__file__).resolve().is_relative_to(Path(sys.prefix).resolve())
+
+
+def _build(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # --python: a file that is no interpreter, so that nothing can be installed anywhere
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    return subprocess.run([sys.executable, str(BUILDER), "--python", str(fake), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_builder_refuses_a_wrong_source_release(tmp_path: Path) -> None:
+    bogus = tmp_path / "pyfuse3-3.5.0.tar.gz"
+    bogus.write_bytes(b"not the release")
+    r = _build(tmp_path, "--offline", "--sdist", str(bogus))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "sha256" in r.stderr and "not the pinned" in r.stderr
+
+
+def test_builder_offline_needs_a_source_release(tmp_path: Path) -> None:
+    r = _build(tmp_path, "--offline")
+    assert r.returncode == 1
+    assert r.stderr.strip() == "pyfuse3_build: --offline needs --sdist"
+
+
+def test_the_patch_only_releases_the_gil() -> None:
+    # the patch adds `with nogil:` around the three copies and changes no other line
+    lines = (REPO / "native" / "pyfuse3" / "release-gil.patch").read_text().splitlines()
+    removed = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    assert sorted(removed) == sorted(a for a in added if a != "with nogil:")
+    assert added.count("with nogil:") == 3
+    calls = {r.split("=", 1)[1].split("(", 1)[0].strip() for r in removed}
+    assert calls == {"fuse_buf_copy", "fuse_session_receive_buf", "fuse_reply_buf"}
