@@ -72,7 +72,7 @@ sanitize: setup
 	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  $(CURDIR)/$(VPY) -m pytest -q -p no:cacheprovider --rootdir $(CURDIR) --import-mode=append -o pythonpath=$(SAN_DIR) \
-	  $(CURDIR)/tests/engine/test_native.py $(CURDIR)/tests/engine/test_native_blake3.py $(CURDIR)/tests/engine/test_native_floatcodec.py $(CURDIR)/tests/engine/test_native_dataplane.py $(CURDIR)/tests/engine/test_native_osutil.py \
+	  $(CURDIR)/tests/engine/test_native.py $(CURDIR)/tests/engine/test_native_blake3.py $(CURDIR)/tests/engine/test_native_floatcodec.py $(CURDIR)/tests/engine/test_native_dataplane.py $(CURDIR)/tests/engine/test_native_fixed_cuts.py $(CURDIR)/tests/engine/test_native_osutil.py \
 	  $(CURDIR)/tests/engine/test_sanitized_build.py
 
 demo: setup

@@ -192,21 +192,129 @@ static void hash_part(void *arg, int part, int parts)
 }
 
 
+/* Stream bytes [a, b) of s as a stream of their own (offsets from a), in `tmp` (room for
+ * s->count pieces). */
+static cdc_stream sub_stream(const cdc_stream *s, uint64_t a, uint64_t b, cdc_piece *tmp)
+{
+    size_t k = 0;
+    if (a < b && a < s->total) {
+        for (size_t i = cdc_piece_at(s, a); i < s->count && s->pieces[i].start < b; i++) {
+            const cdc_piece *p = &s->pieces[i];
+            uint64_t lo = p->start > a ? p->start : a;
+            uint64_t hi = p->start + p->len < b ? p->start + p->len : b;
+            if (hi > lo)
+                tmp[k++] = (cdc_piece){p->data + (lo - p->start), hi - lo, lo - a};
+        }
+    }
+    return (cdc_stream){tmp, k, b > a ? b - a : 0};
+}
+
+/* cdc_cut over [a, b) of s, the lengths from lengths[*n] on; returns the bytes cut or -1. */
+static int64_t cut_content(const cdc_params *cp, const cdc_stream *s, uint64_t a, uint64_t b, int final,
+                           int threads, cdc_piece *tmp, uint32_t *lengths, int64_t *n)
+{
+    cdc_stream g = sub_stream(s, a, b, tmp);
+    uint64_t used = 0;
+    int64_t k = cdc_cut(cp, &g, final, threads, lengths + *n, &used);
+    if (k < 0)
+        return -1;
+    *n += k;
+    return (int64_t)used;
+}
+
+/* The cuts with fixed regions (cdc_hash_batch's `fixed`, checked by the caller); returns
+ * how many lengths, or -1 when memory ran out. */
+static int64_t cut_fixed(const cdc_params *cp, const cdc_stream *s, const uint64_t *fixed, size_t regions,
+                         int final, int threads, cdc_piece *tmp, uint32_t *lengths, uint64_t *consumed)
+{
+    uint64_t pos = 0, total = s->total;
+    int64_t n = 0;
+    for (size_t r = 0; r < regions; r++) {
+        uint64_t start = fixed[3 * r], end = fixed[3 * r + 1], step = fixed[3 * r + 2];
+        if (start >= total)
+            break;
+        if (start > pos) { /* the bytes before the region end at its start */
+            if (cut_content(cp, s, pos, start, 1, threads, tmp, lengths, &n) < 0)
+                return -1;
+            pos = start;
+        }
+        uint64_t stop = end < total ? end : total;
+        while (pos + step <= stop) {
+            lengths[n++] = (uint32_t)step;
+            pos += step;
+        }
+        if (end <= total) {
+            if (pos < end) {
+                lengths[n++] = (uint32_t)(end - pos);
+                pos = end;
+            }
+        } else { /* the region goes on in the next batch */
+            if (final && pos < total) {
+                lengths[n++] = (uint32_t)(total - pos);
+                pos = total;
+            }
+            *consumed = pos;
+            return n;
+        }
+    }
+    if (pos < total) {
+        int64_t used = cut_content(cp, s, pos, total, final, threads, tmp, lengths, &n);
+        if (used < 0)
+            return -1;
+        pos += (uint64_t)used;
+    }
+    *consumed = pos;
+    return n;
+}
+
+/* Check `fixed` (see the doc) and count the lengths it may add: *extra. */
+static int check_fixed(const Py_buffer *fixed, uint64_t total, uint64_t *extra)
+{
+    if (fixed->len % 24) {
+        PyErr_SetString(PyExc_ValueError, "cdc_hash_batch: fixed must be u64 triples (start, end, step)");
+        return -1;
+    }
+    size_t regions = (size_t)fixed->len / 24;
+    uint64_t prev_end = 0;
+    *extra = 0;
+    for (size_t r = 0; r < regions; r++) {
+        uint64_t t[3];
+        memcpy(t, (const char *)fixed->buf + 24 * r, sizeof t);
+        if (t[0] < prev_end || t[1] < t[0] || t[2] < 1 || t[2] > MAX_PAYLOAD) {
+            PyErr_Format(PyExc_ValueError, "cdc_hash_batch: fixed region %zu is out of order, reversed or has a step "
+                         "outside 1..%u", r, MAX_PAYLOAD);
+            return -1;
+        }
+        prev_end = t[1];
+        uint64_t a = t[0] < total ? t[0] : total, b = t[1] < total ? t[1] : total;
+        *extra += (b - a) / t[2] + 4; /* its pieces, its last, the content cut before it ends early */
+    }
+    return 0;
+}
+
 PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
 {
-    Py_buffer params;
-    PyObject *pieces;
+    Py_buffer params, fixed = {0};
+    PyObject *pieces, *fixed_obj = Py_None;
     int final, with_ids = 1, threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*Op|pi", &params, &pieces, &final, &with_ids, &threads))
+    if (!PyArg_ParseTuple(args, "y*Op|piO", &params, &pieces, &final, &with_ids, &threads, &fixed_obj))
         return NULL;
+    if (fixed_obj != Py_None && PyObject_GetBuffer(fixed_obj, &fixed, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&params);
+        return NULL;
+    }
     if (params.len != (Py_ssize_t)sizeof(cdc_params)) {
         PyBuffer_Release(&params);
+        if (fixed.obj)
+            PyBuffer_Release(&fixed);
         PyErr_SetString(PyExc_ValueError, "cdc_hash_batch: the parameters are not cdc_config's");
         return NULL;
     }
     if (threads < 1 || threads > FANOUT_MAX) {
         PyBuffer_Release(&params);
+        if (fixed.obj)
+            PyBuffer_Release(&fixed);
         PyErr_Format(PyExc_ValueError, "cdc_hash_batch: threads must be between 1 and %d", FANOUT_MAX);
         return NULL;
     }
@@ -214,14 +322,35 @@ PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
     memcpy(&local, params.buf, sizeof local);
     PyBuffer_Release(&params);
     stream s;
-    if (stream_take(pieces, &s) < 0)
+    if (stream_take(pieces, &s) < 0) {
+        if (fixed.obj)
+            PyBuffer_Release(&fixed);
         return NULL;
-    /* at most one chunk per min_size bytes, plus the last */
-    uint64_t cap = s.cs.total / local.min_size + 2;
-    uint32_t *lengths = PyMem_Malloc(cap * sizeof(uint32_t));
-    uint64_t *starts = PyMem_Malloc((cap + 1) * sizeof(uint64_t));
-    uint8_t *ids = PyMem_Malloc(cap * 32);
+    }
+    /* at most one chunk per min_size bytes, plus the last; with fixed regions, what they add */
+    uint64_t cap = s.cs.total / local.min_size + 2, extra = 0;
+    size_t regions = fixed.obj ? (size_t)fixed.len / 24 : 0;
+    uint64_t *fixed_copy = NULL; /* aligned, and unchanged while the GIL is released */
+    cdc_piece *tmp = NULL;
+    uint32_t *lengths = NULL;
+    uint64_t *starts = NULL;
+    uint8_t *ids = NULL;
     PyObject *out = NULL;
+    if (fixed.obj) {
+        if (check_fixed(&fixed, s.cs.total, &extra) < 0)
+            goto done;
+        cap += extra;
+        fixed_copy = PyMem_Malloc(regions ? regions * 24 : 1);
+        tmp = PyMem_Malloc((s.cs.count ? s.cs.count : 1) * sizeof(cdc_piece));
+        if (!fixed_copy || !tmp) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(fixed_copy, fixed.buf, regions * 24);
+    }
+    lengths = PyMem_Malloc(cap * sizeof(uint32_t));
+    starts = PyMem_Malloc((cap + 1) * sizeof(uint64_t));
+    ids = PyMem_Malloc(cap * 32);
     if (!lengths || !starts || !ids) {
         PyErr_NoMemory();
         goto done;
@@ -229,7 +358,10 @@ PyObject *cdc_hash_batch(PyObject *self, PyObject *args)
     int64_t n;
     uint64_t consumed = 0;
     Py_BEGIN_ALLOW_THREADS
-    n = cdc_cut(&local, &s.cs, final, threads, lengths, &consumed);
+    if (fixed_copy)
+        n = cut_fixed(&local, &s.cs, fixed_copy, regions, final, threads, tmp, lengths, &consumed);
+    else
+        n = cdc_cut(&local, &s.cs, final, threads, lengths, &consumed);
     if (n > 0 && with_ids) {
         starts[0] = 0;
         for (int64_t i = 0; i < n; i++)
@@ -248,6 +380,10 @@ done:
     PyMem_Free(lengths);
     PyMem_Free(starts);
     PyMem_Free(ids);
+    PyMem_Free(fixed_copy);
+    PyMem_Free(tmp);
+    if (fixed.obj)
+        PyBuffer_Release(&fixed);
     stream_release(&s);
     return out;
 }
