@@ -323,6 +323,7 @@ class Store(TreeChanges):
     def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int) -> WriteSession:
         """(under _mutex) A session from its base version, held and registered."""
         self._session_holds[ino] = self.holds.hold(content_id)
+        from .tensors.write_layout import WriteLayout  # here: most commands never write (0.08 s of start-up)
         session = WriteSession(
             ino,
             extents,
@@ -334,8 +335,7 @@ class Store(TreeChanges):
             self.read_chunk,
             self._commit_version,
             self._session_closed,
-            self.batch_threads,
-        )
+            self.batch_threads, WriteLayout)
         self._sessions[ino] = session
         return session
 

@@ -220,7 +220,11 @@ def test_full_device_keeps_every_committed_checkpoint_and_recovers_after_gc(tmp_
             before = free_bytes(dev)
             cowfs("prune", str(m), "--keep-last", "1")
             cowfs("gc", str(m))
-            assert free_bytes(dev) > before + 8 * SEGMENT
+            # room for the four checkpoints below, with margin (a 4 MiB segment holds three 1 MiB
+            # tensor pieces of model.safetensors: records never span segments, so more of each
+            # segment stays unused, and fewer checkpoints fit and come back, than with content-
+            # defined chunks alone)
+            assert free_bytes(dev) > before + 4 * SEGMENT
             for step in range(2000, 2004):  # writing works again
                 name = NAMES[step % 3]
                 save(m / "run" / name, kind_of(name), tensors(step))

@@ -25,7 +25,7 @@ from ...errors import InvalidArgument
 from ..log.log import Location, Log
 from .batch_threads import BatchThreads
 from .chunk_writer import ChunkWriter
-from .chunking import MIN_CHUNK, StreamChunker
+from .chunking import MIN_CHUNK, Region, StreamChunker, StreamLayout, stream_reader
 from .content import ChunkCache, Extent, find_extent
 from .index import ChunkIndex
 from .overlay import Overlay
@@ -69,8 +69,10 @@ class WriteSession:
         commit_fn: Callable[["WriteSession", list[Extent]], "tuple[Attr | None, list[Extent]]"],
         on_close: Callable[["WriteSession"], None],
         threads: BatchThreads | None = None,
+        new_layout: Callable[[], StreamLayout] | None = None,
     ) -> None:
         self.ino = ino
+        self._new_layout = new_layout  # tensor files are cut into their pieces as they are written
         self._threads = threads or BatchThreads(1)
         self._log = log
         self._index = index
@@ -97,6 +99,7 @@ class WriteSession:
         self.stream_pos = 0  # bytes written sequentially from offset 0
         self.stream_end = 0  # once frozen: where the stream's chunks end
         self.chunker = StreamChunker()
+        self.layout = self._new_layout() if self._new_layout is not None else None
         self.stream_extents: list[Extent] = []
         self._stream_starts: list[int] = []
         # bytes written after the chunker's carry, as received (joined once, by the worker)
@@ -115,7 +118,7 @@ class WriteSession:
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
         with self._threads.share() as threads:
-            batch = self.chunker.cut(data, final=final, threads=threads)
+            batch = self.chunker.cut(data, final=final, threads=threads, fixed=self._tensor_regions(data))
             try:
                 exts = self.writer.store(batch, threads)
             except BaseException:
@@ -123,6 +126,17 @@ class WriteSession:
                 raise
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
+
+    def _tensor_regions(self, data: list[bytes | memoryview]) -> list[Region]:
+        """The tensor regions to cut this batch with, as the layout learns them from its bytes
+        (the chunker's carry, then `data`)."""
+        if self.layout is None:
+            return []
+        start = self.chunker.offset
+        pieces = [self.chunker.carry, *data] if self.chunker.carried else data
+        end = start + sum(len(p) for p in pieces)
+        self.layout.learn(start, end, stream_reader(pieces, start))
+        return self.layout.regions(start, end)
 
     def _wait(self) -> None:
         """Wait for the running batch. If it failed, its bytes go back in front of `pending`
@@ -155,6 +169,7 @@ class WriteSession:
         self.pending, self.pending_len = [], 0
         self._drop_ahead()
         self.chunker.reset(start)
+        self.layout = None
         self.streaming = False
         self.stream_end = start
 

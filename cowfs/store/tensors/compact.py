@@ -2,8 +2,8 @@
 and older ones byte-grouped and compressed or as deltas against the next newer checkpoint
 (docs/design.md, "Compaction").
 
-The save path is untouched: a close() commits content-defined chunks stored raw, as
-before. Later (`cowfs compact`, or the daemon when idle) every body not yet compacted is
+A close() commits chunks stored raw: content-defined ones, and for a safetensors file its
+tensor pieces, which the save cuts as they are written (write_layout.py). Later (`cowfs compact`, or the daemon when idle) every body not yet compacted is
 done, **newest first**, so that in a backlog each older piece is written once, already as
 a delta against the newer one (compact_body.py does one body):
 
@@ -18,7 +18,9 @@ a delta against the newer one (compact_body.py does one body):
 3. the piece of the nearest compacted body before it, if it is whole and no body still
    waiting lies between them, is re-encoded as a delta against the new piece (or, if it
    was raw, grouped whole); a raw piece a newer body shares unchanged (a frozen tensor) is
-   grouped too; each new record is appended as a record of its chunk id;
+   grouped too; a piece the save stored raw that has a newer neighbour is re-encoded as
+   step 2 would have encoded it had it been new; each new record is appended as a record
+   of its chunk id;
 4. the log is synced, then one catalog transaction adds the new chunks, a new body with
    the new extents, points every version of the old body at it, switches each re-encoded
    chunk to its new record, and records the body's pieces in the lineage. The old body,
@@ -38,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import CorruptData
-from .compact_body import Body, CompactReport, RecentPieces, Retry, body_regions, extents_and_name
+from .compact_body import Body, CompactReport, Retry, body_regions, extents_and_name
+from .recent import RecentPieces
 from .formats import TensorRegion
 from .lineage import tensor_key
 

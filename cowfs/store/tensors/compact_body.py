@@ -7,7 +7,6 @@ transaction.
 from __future__ import annotations
 
 import sqlite3
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -17,19 +16,18 @@ from ..catalog.db import Txn
 from ..data.chunking import cut_all
 from ..data.content import Extent, load_extents
 from ..data.reader import FileReader
-from ..log.codecs import (BLOSC_ONLY, CODEC_FDELTA, CODEC_RAW, DELTA_CODECS, FDELTA_FIRST, FDELTA_ONLY, MAX_CHAIN,
-                          Encoded, encode_delta, encode_whole)
+from ..log.codecs import CODEC_RAW, DELTA_CODECS, MAX_CHAIN, Encoded, encode_delta, encode_whole
 from ..log.log import LOCATION_COLS, Location, location
 from . import lineage
 from .formats import TensorRegion, regions
 from .pieces import Span, plan
+from .recent import RecentPieces
 
 if TYPE_CHECKING:
     from ..parts import BodyReading
 
 BATCH_BYTES = 64 << 20  # bytes read, hashed and encoded per step
 HEAD_BYTES = 64 << 10
-RECENT_BYTES = 256 << 20  # raw bytes of recently handled pieces kept for the next older body
 
 
 @dataclass
@@ -53,48 +51,6 @@ class CompactReport:
 
 class Retry(Exception):
     """The catalog changed under a prepared delta (the chain rule no longer holds)."""
-
-
-class RecentPieces:
-    """The raw bytes of the piece the run handled last for each (tensor key, piece), at most
-    RECENT_BYTES (oldest dropped first): the next older body's piece is encoded against them
-    without reading them back from the log (a delta would be decoded through its chain).
-    Also which delta codec won for each tensor (`delta_order`), so that its next pieces try
-    that one alone; every RECHECK-th piece of a tensor tries both again (the workers note
-    the winners; a stale answer costs a little space, never bytes)."""
-
-    RECHECK = 8
-
-    def __init__(self, budget: int = RECENT_BYTES) -> None:
-        self._budget = budget
-        self._pieces: OrderedDict[tuple[bytes, int], tuple[bytes, memoryview]] = OrderedDict()
-        self._bytes = 0
-        self._winners: dict[bytes, tuple[bool, int]] = {}  # tensor key -> (the float delta won, pieces since)
-
-    def delta_order(self, key: bytes | None) -> str:
-        won = self._winners.get(key) if key is not None else None
-        if won is None or won[1] % self.RECHECK == self.RECHECK - 1:
-            return FDELTA_FIRST
-        return FDELTA_ONLY if won[0] else BLOSC_ONLY
-
-    def note_winner(self, key: bytes | None, delta: Encoded | None) -> None:
-        if key is not None and delta is not None:
-            seen = self._winners.get(key, (False, -1))[1]
-            self._winners[key] = (delta.codec == CODEC_FDELTA, seen + 1)
-
-    def get(self, key: bytes, index: int, chunk: bytes) -> memoryview | None:
-        got = self._pieces.get((key, index))
-        return got[1] if got is not None and got[0] == chunk else None
-
-    def put(self, key: bytes, index: int, chunk: bytes, raw: memoryview) -> None:
-        old = self._pieces.pop((key, index), None)
-        if old is not None:
-            self._bytes -= len(old[1])
-        self._pieces[(key, index)] = (chunk, raw)
-        self._bytes += len(raw)
-        while self._bytes > self._budget and self._pieces:
-            _k, (_c, dropped) = self._pieces.popitem(last=False)
-            self._bytes -= len(dropped)
 
 
 def body_regions(reader: FileReader, size: int, name: str) -> list[TensorRegion]:
@@ -142,6 +98,7 @@ class _OldJob:
     elem_size: int
     dtype: str
     key: bytes | None
+    target_raw: memoryview | None = None  # the target's bytes, if at hand (read and checked already)
 
 
 @dataclass
@@ -336,6 +293,16 @@ class Body:
                 self.superseded.add(me.cid)  # shared unchanged with a neighbour (frozen): no longer raw
                 jobs.append(_OldJob(me, None, None, s.elem_size, s.dtype, s.key))
                 continue
+            if me is not None and me.loc.codec == CODEC_RAW and me.cid not in self.superseded and a.newer is not None:
+                # stored raw by the save (tensor files are cut into pieces as they are written):
+                # what step 2 does for a piece not stored yet, a delta against the newer piece
+                base = a.newer if me.cid not in a.newer.chain and len(a.newer.chain) + 1 <= MAX_CHAIN else None
+                base_raw = self.recent.get(s.key, s.index, base.chunk) if base is not None else None
+                if base is not None and base_raw is None:
+                    base_raw = self._read_base(base)
+                self.superseded.add(me.cid)
+                jobs.append(_OldJob(me, base.chunk if base is not None and base_raw is not None else None, base_raw,
+                                    s.elem_size, s.dtype, s.key, view))
             q = a.older
             if q is None or q.chunk == h or q.cid in self.superseded or q.loc.codec in DELTA_CODECS \
                     or q.loc.length != len(view):
@@ -366,12 +333,21 @@ class Body:
 
         self._append([(j.target.chunk, enc.payload, j.target.loc.length, enc.codec) for j, enc in good], done)
 
+    def _read_base(self, base: _Known) -> memoryview | None:
+        """A newer piece's bytes read back (decoded through its chain), for a delta against it;
+        None if it cannot be read (the piece is then grouped whole; fsck names the damage)."""
+        try:
+            return memoryview(self.store.log.read_chunk(base.loc, base.chunk))
+        except Exception as e:
+            self.report.errors.append(f"chunk {base.chunk.hex()[:16]}: not used as a delta base ({e})")
+            return None
+
     def _reencode(self, job: _OldJob) -> Encoded | None:
         """The piece's new record: a delta if allowed and small enough, else (a raw piece)
         grouped whole; None to keep the record it has."""
         t = job.target
         try:
-            raw = self.store.log.read_chunk(t.loc, t.chunk)
+            raw = job.target_raw if job.target_raw is not None else self.store.log.read_chunk(t.loc, t.chunk)
         except Exception as e:  # a damaged piece stays as it is; fsck reports it
             self.report.errors.append(f"chunk {t.chunk.hex()[:16]}: not re-encoded ({e})")
             return None

@@ -41,7 +41,7 @@ def plan(size: int, regions: list[TensorRegion]) -> list[Span]:
             continue
         if r.offset > pos:
             out.append(Span(pos, r.offset - pos))
-        step = max(PIECE_BYTES - PIECE_BYTES % r.elem_size, r.elem_size) if r.elem_size > 0 else PIECE_BYTES
+        step = piece_step(r.elem_size)
         key = tensor_key(r.name, r.dtype, r.shape)
         for k, off in enumerate(range(r.offset, r.offset + r.length, step)):
             out.append(Span(off, min(step, r.offset + r.length - off), key, k, r.elem_size, r.dtype))
@@ -49,3 +49,8 @@ def plan(size: int, regions: list[TensorRegion]) -> list[Span]:
     if pos < size:
         out.append(Span(pos, size - pos))
     return out
+
+
+def piece_step(elem_size: int) -> int:
+    """The bytes of a tensor piece: PIECE_BYTES rounded down to whole elements."""
+    return max(PIECE_BYTES - PIECE_BYTES % elem_size, elem_size) if elem_size > 0 else PIECE_BYTES
