@@ -335,7 +335,7 @@ class Store(TreeChanges):
             self.read_chunk,
             self._commit_version,
             self._session_closed,
-            self.batch_threads, WriteLayout)
+            self.batch_threads, new_layout=WriteLayout)
         self._sessions[ino] = session
         return session
 

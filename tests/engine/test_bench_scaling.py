@@ -122,14 +122,15 @@ def test_spread_and_table() -> None:
 
 
 def test_section_keeps_rows_and_targets_and_says_what_the_budget_skipped() -> None:
-    sc = {"fs": "tmpfs on tmpfs (/x)", "fs_type": "tmpfs", "cpus": 16, "streams": [1, 16], "mib_per_stream": 1024,
+    sc = {"fs": "tmpfs on tmpfs (/x)", "fs_type": "tmpfs", "cpus": 16, "pyfuse3": "3.5.0+cowfs.gil1",
+          "streams": [1, 16], "mib_per_stream": 1024,
           "reps": 2, "torch_gib": 0.25, "torch_bytes": GIB // 4, "workers": 16, "budget_s": 60.0, "elapsed_s": 75.0,
           "skipped": ["S=32"], "caches_dropped": True, "runs": _runs(fast=True)}
     results: dict[str, Any] = {"scaling": sc}
     md = section(results)
     assert len(sc["summary"]) == 6 and len(sc["targets"]) == 8
     assert "Budget of 60 s spent after 75 s; skipped: S=32." in md
-    assert "--workers 16" in md and "a 0.25 GiB file per torch.save" in md
+    assert "--workers 16" in md and "a 0.25 GiB file per torch.save" in md and "pyfuse3 3.5.0+cowfs.gil1;" in md
     assert md.count("| part | S |") == 4 and md.count("- **MET**") == 8
     assert section({}) == "(the scaling part did not run)\n"
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cowfs.fs.binding import PATCH_LABEL, describe, patched_version, pyfuse3_version, releases_gil
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,3 +64,12 @@ def test_the_patch_only_releases_the_gil() -> None:
     assert added.count("with nogil:") == 3
     calls = {r.split("=", 1)[1].split("(", 1)[0].strip() for r in removed}
     assert calls == {"fuse_buf_copy", "fuse_session_receive_buf", "fuse_reply_buf"}
+
+
+@pytest.mark.mount
+def test_the_daemon_says_which_build_serves_the_mount(store_path: Path, tmp_path: Path) -> None:
+    from tests.support.mountutil import mounted
+    with mounted(store_path, tmp_path / "mnt"):
+        pass
+    line = next(ln for ln in (store_path / "cowfs.log").read_text().splitlines() if " mounted " in ln)
+    assert describe() in line and "copies without the GIL" in line

@@ -12,7 +12,7 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import CorruptData
 from cowfs.store import Store
-from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, MAX_CHAIN
+from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, DELTA_CODECS, MAX_CHAIN
 from cowfs.store.log.layout import CATALOG_FILE, segment_path
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
@@ -427,3 +427,20 @@ def test_the_run_remembers_which_delta_won_per_tensor_and_checks_again() -> None
         recent.note_winner(key, Encoded(4, b"", b""))
         orders.append(recent.delta_order(key))
     assert orders.count(FDELTA_FIRST) == 1 and orders.count(FDELTA_ONLY) == RecentPieces.RECHECK - 1
+
+
+def test_pieces_the_save_stored_raw_become_deltas_against_their_newer_neighbour_read_back(store, monkeypatch):
+    """model.safetensors is cut into pieces as it is written, so the compactor finds each
+    older piece stored raw already: it re-encodes it as a delta against the newer piece, whose
+    bytes it reads back from the log when the run's memory of recent pieces does not hold them."""
+    from cowfs.store.tensors.recent import RecentPieces
+    monkeypatch.setattr(RecentPieces, "get", lambda self, key, index, chunk: None)
+    files = series(store, 4)
+    report = store.compact()
+    assert report.rewritten == 3 * 6 and not report.errors
+    assert set(piece_codecs(store, "checkpoint-3")) == {CODEC_RAW}
+    for i in range(3):
+        codecs = piece_codecs(store, f"checkpoint-{i}")
+        assert len(codecs) == 6 and set(codecs) <= set(DELTA_CODECS), (i, codecs)
+    store.gc()
+    assert_reads(store, files)

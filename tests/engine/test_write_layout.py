@@ -59,6 +59,12 @@ def test_safetensors_regions_are_the_compactors_pieces(seed: int, n: int, meta: 
     rng = random.Random(seed)
     blob = save_numpy(state_dict(rng, n), metadata={"format": "np"} if meta else None)
     assert learnt_pieces(blob, BATCH) == compactor_pieces(blob)
+    layout = WriteLayout()
+    layout.learn(0, len(blob), stream_reader([blob], 0))
+    for _ in range(20):  # a batch's regions: those that reach into it
+        a = rng.randrange(len(blob) + 1)
+        b = rng.randrange(a, len(blob) + 2)
+        assert layout.regions(a, b) == [r for r in layout.known if r[1] > a and r[0] < b]
 
 
 def test_what_is_not_learnt() -> None:

@@ -36,12 +36,9 @@ def plan(size: int, regions: list[TensorRegion]) -> list[Span]:
     for the rest."""
     out: list[Span] = []
     pos = 0
-    for r in regions:
-        if r.length < MIN_TENSOR_BYTES or r.offset < pos:
-            continue
+    for r, step in pieced(regions):
         if r.offset > pos:
             out.append(Span(pos, r.offset - pos))
-        step = piece_step(r.elem_size)
         key = tensor_key(r.name, r.dtype, r.shape)
         for k, off in enumerate(range(r.offset, r.offset + r.length, step)):
             out.append(Span(off, min(step, r.offset + r.length - off), key, k, r.elem_size, r.dtype))
@@ -51,6 +48,17 @@ def plan(size: int, regions: list[TensorRegion]) -> list[Span]:
     return out
 
 
-def piece_step(elem_size: int) -> int:
-    """The bytes of a tensor piece: PIECE_BYTES rounded down to whole elements."""
-    return max(PIECE_BYTES - PIECE_BYTES % elem_size, elem_size) if elem_size > 0 else PIECE_BYTES
+def pieced(regions: list[TensorRegion]) -> list[tuple[TensorRegion, int]]:
+    """The regions (sorted by offset) worth cutting into pieces, each with its piece size:
+    PIECE_BYTES rounded down to whole elements. Tensors under MIN_TENSOR_BYTES, and any
+    overlapping one before it, go with the bytes around them. The compactor (`plan`) and the
+    save (write_layout.py) cut by this one rule, so their pieces are the same."""
+    out: list[tuple[TensorRegion, int]] = []
+    pos = 0
+    for r in regions:
+        if r.length < MIN_TENSOR_BYTES or r.offset < pos:
+            continue
+        step = max(PIECE_BYTES - PIECE_BYTES % r.elem_size, r.elem_size) if r.elem_size > 0 else PIECE_BYTES
+        out.append((r, step))
+        pos = r.offset + r.length
+    return out

@@ -17,19 +17,20 @@ correctness: the cuts are a choice of where chunks end, every byte is stored eit
 """
 from __future__ import annotations
 
-import json
+import bisect
 import struct
 from typing import Callable
 
 from .formats import safetensors
-from .formats._base import Malformed, Reader
-from .pieces import MIN_TENSOR_BYTES, piece_step
+from .formats._base import Reader
+from .pieces import pieced
 
 Region = tuple[int, int, int]  # file offsets [start, end) cut every `step` bytes from start
 ReadFn = Callable[[int, int], bytes]  # (file offset, length) -> up to that many bytes there
 
 MAX_SAFETENSORS_HEADER = 16 << 20  # a header must lie whole in the first batch
 SNIFF = 64 << 10
+UNKNOWN_SIZE = 1 << 62  # what the parser is told the file's size is while it is written
 
 
 class WriteLayout:
@@ -37,6 +38,7 @@ class WriteLayout:
 
     def __init__(self) -> None:
         self.known: list[Region] = []  # the regions, sorted, not overlapping
+        self._ends: list[int] = []
         self._looked = False
 
     def learn(self, start: int, end: int, read: ReadFn) -> None:
@@ -50,23 +52,27 @@ class WriteLayout:
         head = read(0, min(end, SNIFF))
         if safetensors.looks_like(head, max(end, 10)):
             self.known = _safetensors_regions(head, end, read)
+            self._ends = [r[1] for r in self.known]
 
     def regions(self, start: int, end: int) -> list[Region]:
-        """The known regions that reach into [start, end)."""
-        return [r for r in self.known if r[1] > start and r[0] < end]
+        """The known regions that reach into [start, end) (a bisection: a batch of a file with
+        many tensors does not look at all of them)."""
+        i = bisect.bisect_right(self._ends, start)
+        out: list[Region] = []
+        while i < len(self.known) and self.known[i][0] < end:
+            out.append(self.known[i])
+            i += 1
+        return out
 
 
 def _safetensors_regions(head: bytes, end: int, read: ReadFn) -> list[Region]:
     (n,) = struct.unpack_from("<Q", head, 0)
     if 8 + n > min(end, MAX_SAFETENSORS_HEADER):
         return []
-    raw = head[:8 + n] if len(head) >= 8 + n else read(0, 8 + n)
+    raw = bytes(head[:8 + n] if len(head) >= 8 + n else read(0, 8 + n))
     try:
-        # the final size is not known yet: the header's own offsets are checked, not the size
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
-        data_end = 8 + n + max((e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), default=0)
-        found = safetensors.parse(Reader(bytes(raw), int(data_end), lambda o, k: bytes(raw[o:o + k])))
-    except (Malformed, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        # the file's final size is not known yet: the parser checks the header against itself
+        found = safetensors.parse(Reader(raw, UNKNOWN_SIZE, lambda o, k: raw[o:o + k]))
+    except Exception:  # noqa: BLE001 - Malformed, or anything a hostile header provokes: it never fails a write
         return []
-    return [(r.offset, r.offset + r.length, piece_step(r.elem_size)) for r in sorted(found, key=lambda r: r.offset)
-            if r.length >= MIN_TENSOR_BYTES]
+    return [(r.offset, r.offset + r.length, step) for r, step in pieced(sorted(found, key=lambda r: r.offset))]
