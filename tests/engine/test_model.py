@@ -125,7 +125,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.files: dict[str, Body] = {}
         self.dirs: set[str] = {"/"}
         self.snaps: dict[str, Snap] = {}
-        self._batch, self._reorder = session_mod.BATCH, session_mod.REORDER
+        self._batch, self._reorder, self._hole = session_mod.BATCH, session_mod.REORDER, session_mod.HOLE
 
     # -- helpers -------------------------------------------------------------------
 
@@ -229,13 +229,16 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- setup ------------------------------------------------------------------------
 
-    @initialize(batch=st.sampled_from([8 << 20, 96 << 10, 300 << 10]), reorder=st.sampled_from([64 << 20, 200 << 10]))
-    def start(self, batch: int, reorder: int) -> None:
+    @initialize(batch=st.sampled_from([8 << 20, 96 << 10, 300 << 10]), reorder=st.sampled_from([64 << 20, 200 << 10]),
+                hole=st.sampled_from([64 << 10, 0, 1 << 20]))
+    def start(self, batch: int, reorder: int, hole: int) -> None:
         # A small session BATCH makes the streaming fast path hand several batches to the
         # chunking workers (and commit re-chunk in several pieces) even for ~2 MiB files; a
-        # small REORDER window overflows with out-of-order appends of such files.
+        # small REORDER window overflows with out-of-order appends of such files, and the
+        # stream then steps over gaps up to HOLE wide (their bytes come later as patches).
         session_mod.BATCH = batch
         session_mod.REORDER = reorder
+        session_mod.HOLE = hole
         # something to write to from the first step on
         for name in FILE_NAMES[:2]:
             self.store.create(ROOT_INO, name.encode())
@@ -441,9 +444,16 @@ class StoreMachine(RuleBasedStateMachine):
             for off, chunk in data.draw(st.permutations(appends), label="append order"):
                 s.write(off, chunk)
                 put(view, off, chunk)
-            ops = data.draw(st.lists(st.sampled_from(["write", "write", "truncate", "setattr", "read", "commit"]), max_size=5), label="ops")
+            ops = data.draw(st.lists(st.sampled_from(["write", "write", "resend", "truncate", "setattr", "read", "commit"]),
+                                     max_size=5), label="ops")
             for op in ops:
-                if op == "write":
+                if op == "resend":  # the writeback cache sends a page again: bytes the file has, then maybe new ones
+                    off = data.draw(st.integers(max(0, len(view) - 80 * KiB), len(view)), label="resend at")
+                    chunk = bytes(view[off:]) + self.draw_data(data, MAX_FILE - len(view))
+                    if chunk:
+                        assert s.write(off, chunk) == len(chunk)
+                        put(view, off, chunk)
+                elif op == "write":
                     off = self.draw_offset(data, len(view))
                     chunk = self.draw_data(data, MAX_FILE - off)
                     if chunk:
@@ -591,7 +601,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.getattr(ROOT_INO).nlink == self.nlink("/")
 
     def teardown(self) -> None:
-        session_mod.BATCH, session_mod.REORDER = self._batch, self._reorder
+        session_mod.BATCH, session_mod.REORDER, session_mod.HOLE = self._batch, self._reorder, self._hole
         try:
             if not self.store.closed:
                 try:

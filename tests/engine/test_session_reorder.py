@@ -61,15 +61,18 @@ def test_a_write_too_far_ahead_leaves_the_fast_path_with_every_byte(store, monke
     assert _content(store, b"f") == b"".join(pieces)
 
 
-def test_an_overlapping_write_leaves_the_fast_path_newest_bytes_win(store):
+def test_a_write_over_a_held_one_is_held_newest_bytes_win(store):
+    """The writeback cache sends a page at the file's end, then the same page again whole
+    once more was written into it: the second write replaces the first in the window."""
     ino = store.create(ROOT_INO, b"f").ino
     a, b, c = os.urandom(MiB), os.urandom(MiB), os.urandom(MiB // 2)
     with store.open_session(ino) as s:
         s.write(0, a)
         s.write(2 * MiB, b)  # held
         s.write(2 * MiB + MiB // 4, c)  # over the held write
-        assert not s.streaming and s.ahead_len == 0
+        assert s.streaming and s.ahead_len == MiB
         s.write(MiB, a)
+        assert s.streaming and s.ahead_len == 0 and s.stream_pos == 3 * MiB
         s.commit()
     want = bytearray(a + a + b)
     want[2 * MiB + MiB // 4:2 * MiB + MiB // 4 + len(c)] = c
@@ -142,3 +145,84 @@ def test_an_append_over_a_held_write_wins(store, cover):
         s.write(0, new)
         s.commit()  # no read in between: commit from the stream
     assert _content(store, b"f") == want
+
+
+# -- what the writeback cache sends: a page again, a page late (reorder.py) ------------
+
+def test_a_page_sent_again_stays_on_the_stream(store):
+    """A write ends mid-page, the next one fills the page: the kernel sends the page once
+    with the first write's bytes, then again whole. Its head repeats the stream's bytes: the
+    rest is appended, nothing goes to the overlay."""
+    data = os.urandom(3 * MiB)
+    ino = store.create(ROOT_INO, b"f").ino
+    with store.open_session(ino) as s:
+        s.write(0, data[:5000])
+        s.write(4096, data[4096:MiB + 100])  # page 1 again, then new bytes
+        s.write(MiB, data[MiB:3 * MiB])  # the page again, its head a write before the last
+        assert s.streaming and not s.overlay and s.stream_pos == 3 * MiB
+        s.write(3 * MiB - 4096, data[3 * MiB - 4096:3 * MiB])  # the last page again, nothing new
+        assert s.streaming and not s.overlay
+        s.write(8192, data[8192:12288])  # further back than the stream's kept tail: a patch, the same bytes
+        assert s.streaming and s.overlay
+        s.commit()
+    assert _content(store, b"f") == data
+
+
+def test_a_page_sent_again_with_other_bytes_is_a_patch(store):
+    """A write below the stream's end with other bytes is newer: a patch in the overlay on
+    top of the stream, which goes on taking appends."""
+    data = bytearray(os.urandom(2 * MiB))
+    ino = store.create(ROOT_INO, b"f").ino
+    with store.open_session(ino) as s:
+        s.write(0, bytes(data[:5000]))
+        data[4096:5000] = b"z" * 904
+        s.write(4096, bytes(data[4096:MiB]))
+        s.write(MiB, bytes(data[MiB:]))
+        assert s.streaming and s.overlay and s.stream_pos == 2 * MiB
+        assert s.read(4000, 2000) == data[4000:6000]
+        s.commit()
+    assert _content(store, b"f") == data
+
+
+@pytest.mark.parametrize("base", [False, True])
+@pytest.mark.parametrize("late", [False, True])
+def test_the_stream_steps_over_a_small_gap_when_the_window_is_full(store, monkeypatch, base, late):
+    """A page held back by the kernel (under writeback when it was dirtied again) while the
+    pages after it fill the window: the stream steps over the gap (the committed version's
+    bytes there, or zeros) and stays on the fast path; the page, when it comes, is a patch."""
+    monkeypatch.setattr(session_mod, "REORDER", MiB)
+    old, data = os.urandom(3 * MiB), os.urandom(3 * MiB)
+    ino = store.create(ROOT_INO, b"f").ino
+    if base:
+        with store.open_session(ino) as s:
+            s.write(0, old)
+            s.commit()
+    with store.open_session(ino) as s:
+        s.write(0, data[:5000])
+        for off in range(8192, 3 * MiB, 256 << 10):
+            s.write(off, data[off:min(off + (256 << 10), 3 * MiB)])
+        assert s.streaming and s.stream_pos > MiB
+        want = data[:5000] + (old if base else bytes(8192))[5000:8192] + data[8192:]
+        if late:
+            s.write(4096, data[4096:8192])
+            want = data
+        assert s.streaming and s.read(0, 3 * MiB) == want
+        s.commit()
+    assert _content(store, b"f") == want
+
+
+def test_a_patch_stays_on_top_when_the_session_leaves_the_fast_path(store, monkeypatch):
+    """Patches below the stream's end are newer than the stream's bytes still in memory:
+    when a truncate makes the session leave the fast path, those go under the patches."""
+    monkeypatch.setattr(session_mod, "BATCH", 64 << 30)  # keep every byte in memory
+    data = bytearray(os.urandom(3 * MiB))
+    ino = store.create(ROOT_INO, b"f").ino
+    with store.open_session(ino) as s:
+        s.write(0, bytes(data))
+        s.write(100, b"p" * 1000)
+        data[100:1100] = b"p" * 1000
+        assert s.streaming and s.overlay
+        s.truncate(2 * MiB)
+        assert not s.streaming
+        s.commit()
+    assert _content(store, b"f") == data[:2 * MiB]

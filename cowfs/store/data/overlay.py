@@ -46,6 +46,14 @@ class Overlay:
         pos = self._spill(data)
         self._insert(offset, offset + len(data), pos)
 
+    def write_under(self, offset: int, data: bytes | memoryview) -> None:
+        """Write `data` at `offset` only where no range is: older bytes under newer ones."""
+        view, pos = memoryview(data), offset
+        for s, e, _spill in list(self.ranges(offset, offset + len(view))):
+            self.write(pos, view[pos - offset:s - offset])
+            pos = e
+        self.write(pos, view[pos - offset:])
+
     def _insert(self, a: int, b: int, pos: int) -> None:
         i = max(bisect.bisect_right(self._starts, a) - 1, 0)
         while i < len(self._ranges) and self._ranges[i][1] <= a:

@@ -6,7 +6,8 @@ Layers, topmost first, that make up the session's view of the file:
             the background, batch by batch, while the caller keeps writing; writes a
             little ahead of the stream's end (the kernel's writeback sends pages
             slightly out of order) wait in a bounded reorder window until the gap
-            before them is written, then join the stream
+            before them is written, then join the stream (see reorder.py); while the
+            stream runs, the overlay holds only patches below its end
   base      the committed version the session started from, up to `base_end`
   zeros     everything else below `size`
 Commit turns the view into whole chunks: intact chunks are referenced again,
@@ -14,7 +15,6 @@ and only the bytes around changes are re-chunked (see `_materialize`).
 """
 from __future__ import annotations
 
-import bisect
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,12 +29,15 @@ from .chunking import MIN_CHUNK, Region, StreamChunker, StreamLayout, stream_rea
 from .content import ChunkCache, Extent, find_extent
 from .index import ChunkIndex
 from .overlay import Overlay
+from .reorder import Buffer, ReorderWindow, StreamTail
 
 if TYPE_CHECKING:
     from ..catalog.namespace import Attr
 
 BATCH = 8 << 20  # bytes handed to a chunking worker at once
 REORDER = 32 << 20  # how far past the stream's end a write may end and still be held
+RESENT = 64 << 10  # the stream's last bytes kept to match a write sent again against them
+HOLE = 64 << 10  # the widest gap before the reorder window the stream steps over when the window is full
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,8 @@ class WriteSession:
         # bytes written after the chunker's carry, as received (joined once, by the worker)
         self.pending: list[bytes | memoryview] = []
         self.pending_len = 0
-        # the reorder window: writes beyond stream_pos, by offset (sorted starts in _ahead_starts)
-        self.ahead: dict[int, bytes] = {}
-        self._ahead_starts: list[int] = []
-        self.ahead_len = 0
+        self.window = ReorderWindow()  # writes beyond stream_pos
+        self.tail = StreamTail(RESENT)  # the stream's last bytes
         self._job: tuple[Future, list[bytes | memoryview]] | None = None  # the running batch and its bytes
 
     # -- the streaming fast path ----------------------------------------------
@@ -156,31 +157,46 @@ class WriteSession:
         self.pending, self.pending_len = [], 0
         self._job = (self._executor.submit(self._run_batch, data, False), data)
 
+    @property
+    def ahead_len(self) -> int:
+        """Bytes held in the reorder window."""
+        return self.window.held
+
     def _freeze(self) -> None:
-        """Leave the fast path: unchunked stream bytes and the reorder window move to the overlay."""
+        """Leave the fast path: unchunked stream bytes and the reorder window move to the
+        overlay, the stream's bytes under the patches already there (those are newer)."""
         self._wait()
         start = self.chunker.offset
         rest = b"".join([self.chunker.carry, *self.pending])
         # first: if the spill file is full, nothing has changed (the held writes lie above `rest`,
         # and writing one again over itself is harmless)
-        self.overlay.write(start, rest)
-        for off in self._ahead_starts:
-            self.overlay.write(off, self.ahead[off])
+        self.overlay.write_under(start, rest)
+        for off, data in self.window.items():
+            self.overlay.write(off, data)
         self.pending, self.pending_len = [], 0
-        self._drop_ahead()
+        self.window.clear()
+        self.tail.clear()
         self.chunker.reset(start)
         self.layout = None
         self.streaming = False
         self.stream_end = start
 
-    def _drop_ahead(self) -> None:
-        self.ahead, self._ahead_starts, self.ahead_len = {}, [], 0
-
     def _settle(self) -> None:
-        """(lock held) Before the layered view is read or cut: writes still waiting in the
-        reorder window (a gap never written) make the session leave the fast path."""
-        if self.ahead:
+        """(lock held) Before the layered view is read or cut: the stream steps over the small
+        gaps before held writes (their bytes were never written: the view's lower layers
+        give them); a wider gap makes the session leave the fast path."""
+        while self.streaming and self.window and self.window.first() - self.stream_pos <= HOLE:
+            self._step_over_gap()
+        if self.window:
             self._freeze()
+
+    def _step_over_gap(self) -> None:
+        """(lock held, streaming, window not empty) Append the view's bytes from the stream's
+        end to the first held write (the committed version's, or zeros), and join the held
+        writes the stream then reaches. If the gap's own bytes come later, they are a patch."""
+        fill = b"".join(self._piece_bytes(p) for p in self._lower(self.stream_pos, self.window.first()))
+        self._append(fill)
+        self._join_ahead()
 
     def _append(self, data: bytes | memoryview) -> None:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
@@ -191,43 +207,42 @@ class WriteSession:
         self.pending.append(data)
         self.pending_len += n
         self.stream_pos += n
+        self.tail.push(data)
         if self.pending_len >= BATCH:
             self._submit_batch()
 
     def _join_ahead(self) -> None:
-        """(lock held, streaming) Held writes the stream has reached join it. A held write is
-        older than the append that reached it, so the part of it that append covered is
-        dropped (the newer bytes win) and only the rest joins."""
-        while self._ahead_starts and self._ahead_starts[0] <= self.stream_pos:
-            start = self._ahead_starts[0]
-            held = self.ahead[start]
-            skip = self.stream_pos - start
-            if skip < len(held):
-                self._append(held[skip:] if skip else held)  # (a failed batch raises here: it stays held)
-            del self.ahead[start]
-            self._ahead_starts.pop(0)
-            self.ahead_len -= len(held)
+        """(lock held, streaming) Held writes the stream has reached join it."""
+        while (rest := self.window.reached(self.stream_pos)) is not None:
+            if rest:
+                self._append(rest)  # (a failed batch raises here: the write stays held)
+            self.window.pop_first()
 
-    def _hold(self, offset: int, data: bytes) -> bool:
-        """(lock held, streaming) Keep a write beyond stream_pos in the reorder window; False
-        if it does not fit: it ends more than REORDER past stream_pos (a write far ahead, a
-        sparse or random write, will not join the stream soon), or it overlaps a write held
-        already. Held writes do not overlap and lie within REORDER of stream_pos, so they
-        hold at most REORDER bytes."""
-        n = len(data)
-        if offset + n - self.stream_pos > REORDER:
-            return False
-        i = bisect.bisect_left(self._ahead_starts, offset)
-        if i > 0:
-            prev = self._ahead_starts[i - 1]
-            if prev + len(self.ahead[prev]) > offset:
-                return False
-        if i < len(self._ahead_starts) and self._ahead_starts[i] < offset + n:
-            return False
-        self._ahead_starts.insert(i, offset)
-        self.ahead[offset] = data
-        self.ahead_len += n
-        return True
+    def _write_streaming(self, offset: int, data: Buffer, keep: bool) -> None:
+        """(lock held, streaming) A write below the stream's end is a patch in the overlay,
+        or nothing if it repeats the stream's bytes where nothing is patched; at the end it is
+        appended (`keep`: the object itself, no copy); beyond, held in the reorder window.
+        One the window cannot take makes the stream step over a small gap before the window,
+        or else leave the fast path."""
+        while True:
+            if offset < self.stream_pos:
+                below = min(len(data), self.stream_pos - offset)
+                if not self.tail.same(self.stream_pos - offset, data) or any(self.overlay.ranges(offset, offset + below)):
+                    self.overlay.write(offset, memoryview(data)[:below])
+                if below == len(data):
+                    return
+                data, offset = memoryview(data)[below:], self.stream_pos
+            if offset == self.stream_pos:
+                self._append(data if keep else bytes(data))
+                self._join_ahead()
+                return
+            if self.window.hold(offset, data if keep else bytes(data), self.stream_pos, REORDER):
+                return
+            if not self.window or self.window.first() - self.stream_pos > HOLE:
+                break
+            self._step_over_gap()
+        self._freeze()
+        self.overlay.write(offset, data)
 
     # -- the caller's operations ------------------------------------------------
 
@@ -239,8 +254,9 @@ class WriteSession:
         with self._lock:
             if self._job is None or self._job[0].done():
                 return None
-            plain_append = (self.streaming and not self.overlay and not self.ahead and offset == self.stream_pos
-                            and self.pending_len + n < BATCH)
+            plain_append = (self.streaming and not self.window
+                            and offset <= self.stream_pos < offset + n
+                            and self.pending_len + offset + n - self.stream_pos < BATCH)
             return None if plain_append else self._job[0]
 
     def write(self, offset: int, data: bytes | memoryview, borrow: bool = False) -> int:
@@ -254,15 +270,9 @@ class WriteSession:
             return 0
         with self._lock:
             self.dirty = True
-            if self.streaming and offset == self.stream_pos and not self.overlay:
-                # no copy when it is bytes already (FUSE writes are) or borrowed
-                self._append(data if borrow and isinstance(data, memoryview) else bytes(data))
-                self._join_ahead()
-            elif self.streaming and offset > self.stream_pos and not self.overlay and self._hold(offset, bytes(data)):
-                pass
+            if self.streaming:  # bytes (FUSE writes are) and borrowed views are kept, not copied
+                self._write_streaming(offset, data, borrow or isinstance(data, bytes))
             else:
-                if self.streaming:
-                    self._freeze()
                 self.overlay.write(offset, data)
             self.size = max(self.size, offset + n)
         return n
@@ -361,10 +371,13 @@ class WriteSession:
         regions are re-chunked until the chunker lands on an intact chunk again."""
         self._settle()
         self._wait()
-        if self.streaming and not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
-            self._run_batch(self.pending, final=True)
+        if self.streaming:  # the stream's last bytes become chunks; if more than the stream makes the file, its
+            self._run_batch(self.pending, final=True)  # chunks are the stream layer under the rest
             self.pending, self.pending_len = [], 0
-            return list(self.stream_extents)
+            if not self.overlay and self.base_end <= self.stream_pos and self.size == self.stream_pos:
+                return list(self.stream_extents)
+            self.streaming, self.stream_end, self.layout = False, self.stream_pos, None
+            self.tail.clear()
         out: list[Extent] = []
         chunker = StreamChunker()
         for p in self._pieces(0, self.size):
