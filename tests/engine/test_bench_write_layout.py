@@ -1,15 +1,18 @@
 """The write-time pieces benchmark (tools/bench/write_layout.py) on a small file: both arms
 run, the baseline really cuts by content (many more extents, the shifted copy mostly new),
-the stores are removed, and bad arguments get one line."""
+the stores are removed, for safetensors and torch.save files; bad arguments get one line."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from tools.bench.write_layout import ARMS, main, markdown, run
+import pytest
+
+from tools.bench.write_layout import ARMS, FORMATS, main, markdown, run
 
 
-def test_both_arms(tmp_path: Path) -> None:
-    runs = run(0.02, 1, tmp_path, log=lambda _m: None)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_both_arms(tmp_path: Path, fmt: str) -> None:
+    runs = run(0.02, 1, tmp_path, log=lambda _m: None, fmt=fmt)
     by_arm = {r["arm"]: r for r in runs}
     content, pieced = by_arm[ARMS[0]], by_arm[ARMS[1]]
     assert pieced["extents"] * 4 < content["extents"]

@@ -142,10 +142,10 @@ def piece_rows(s: Store, directory: str, name: str = "model.safetensors") -> lis
 def test_a_backlog_is_compacted_newest_first_writing_each_piece_once(store):
     files = series(store, 6)
     report = store.compact()
-    # every older piece of optimizer.pt is written once, already a delta; the model's pieces
-    # (3 x 2 per checkpoint) were stored raw by the save, which cuts safetensors files into
-    # pieces as they are written: those of checkpoints 1-5 are each re-encoded once
-    assert report.rewritten == 5 * 6 and report.deltas > 0
+    # the pieces of model.safetensors and optimizer.pt (3 x 2 each per checkpoint) were stored
+    # raw by the save, which cuts tensor files into pieces as they are written: those of
+    # checkpoints 1-5 are each re-encoded once
+    assert report.rewritten == 5 * 12 and report.deltas > 0
     assert_reads(store, files)
     files.update(series_step(store, files, 6))
     report = store.compact()
@@ -396,6 +396,7 @@ def test_a_damaged_body_is_skipped_and_the_others_are_compacted(tmp_path):
         seg, off = conn.execute(
             "SELECT c.seg_id, c.offset FROM chunks c JOIN extents e ON e.cid = c.cid JOIN versions v"
             " ON v.content_id = e.content_id JOIN dentries d ON d.ino = v.ino WHERE d.name = ?"
+            " AND (SELECT count(*) FROM extents x WHERE x.cid = c.cid) = 1"  # in no other file
             " ORDER BY c.cid LIMIT 1", (b"optimizer.pt",)).fetchone()
     with open(segment_path(path, seg), "r+b") as f:
         f.seek(off + 64 + 100)
@@ -430,14 +431,14 @@ def test_the_run_remembers_which_delta_won_per_tensor_and_checks_again() -> None
 
 
 def test_pieces_the_save_stored_raw_become_deltas_against_their_newer_neighbour_read_back(store, monkeypatch):
-    """model.safetensors is cut into pieces as it is written, so the compactor finds each
-    older piece stored raw already: it re-encodes it as a delta against the newer piece, whose
+    """model.safetensors and optimizer.pt are cut into pieces as they are written, so the
+    compactor finds each older piece stored raw already: it re-encodes it as a delta against the newer piece, whose
     bytes it reads back from the log when the run's memory of recent pieces does not hold them."""
     from cowfs.store.tensors.recent import RecentPieces
     monkeypatch.setattr(RecentPieces, "get", lambda self, key, index, chunk: None)
     files = series(store, 4)
     report = store.compact()
-    assert report.rewritten == 3 * 6 and not report.errors
+    assert report.rewritten == 3 * 12 and not report.errors
     assert set(piece_codecs(store, "checkpoint-3")) == {CODEC_RAW}
     for i in range(3):
         codecs = piece_codecs(store, f"checkpoint-{i}")

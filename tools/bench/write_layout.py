@@ -1,13 +1,15 @@
-"""Tensor files pieced at write time (issue 33): a safetensors checkpoint written through a
-store's write session with the pieces learnt from its header, against the same session
-cutting everything by content (the layout switched off on that session), arms alternating.
+"""Tensor files pieced at write time (issue 33): a safetensors checkpoint (or a torch.save
+archive) written through a store's write session with the pieces learnt from its header (or
+its data.pkl), against the same session cutting everything by content (the layout switched
+off on that session), arms alternating.
 
-    python -m tools.bench.write_layout [--gib 0.5] [--reps 3] [--work DIR]
+    python -m tools.bench.write_layout [--gib 0.5] [--reps 3] [--work DIR] [--format safetensors|torch]
 
 The file: GPT-2-like float32 tensors (two large matrices and a small vector per layer),
 random. Each run writes it in 1 MiB writes into a new store in --work (default /dev/shm, so
 the disk does not count), commits, then writes it again under another name with a 5 KB
-longer header, which moves every tensor. Printed per arm (median [min-max]): the process's
+longer header (torch: a 5 KB string first in the state dict, so data.pkl is longer), which
+moves every tensor. Printed per arm (median [min-max]): the process's
 CPU seconds per GiB for the first write and commit, its wall GB/s, the extents (chunks) the
 file got, and the bytes the shifted copy added to the store (what dedup missed).
 """
@@ -23,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import io
+
 import numpy as np
+import torch
 from safetensors.numpy import save
 
 from cowfs.store import ROOT_INO, Store
@@ -31,6 +36,7 @@ from cowfs.store import ROOT_INO, Store
 GIB = 1 << 30
 WRITE = 1 << 20
 ARMS = ("content cut", "pieced at write")
+FORMATS = ("safetensors", "torch")
 
 
 def checkpoint(gib: float, seed: int = 1) -> dict[str, np.ndarray]:
@@ -62,6 +68,19 @@ def _write(store: Store, name: bytes, blob: bytes, pieced: bool) -> int:
     return ino
 
 
+def files(tensors: dict[str, np.ndarray], fmt: str) -> tuple[bytes, bytes]:
+    """The checkpoint in `fmt`, and the same with every tensor moved by a longer header."""
+    if fmt == "safetensors":
+        return save(tensors), save(tensors, metadata={"note": "x" * 5000})
+    as_torch = {k: torch.from_numpy(v) for k, v in tensors.items()}
+    out = []
+    for obj in (as_torch, {"note": "x" * 5000} | as_torch):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        out.append(buf.getvalue())
+    return out[0], out[1]
+
+
 def run_arm(arm: str, blob: bytes, shifted: bytes, work: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="write-layout-", dir=work))
     try:
@@ -69,11 +88,11 @@ def run_arm(arm: str, blob: bytes, shifted: bytes, work: Path) -> dict[str, Any]
         with Store.open(root / "store") as store:
             pieced = arm == ARMS[1]
             c0, t0 = _cpu(), time.monotonic()
-            _write(store, b"model.safetensors", blob, pieced)
+            _write(store, b"model", blob, pieced)
             cpu, wall = _cpu() - c0, time.monotonic() - t0
             extents = store.catalog.read(lambda c: c.execute("SELECT count(*) FROM extents").fetchone()[0])
             before = store.stats()["stored_bytes"]
-            _write(store, b"shifted.safetensors", shifted, pieced)
+            _write(store, b"shifted", shifted, pieced)
             added = store.stats()["stored_bytes"] - before
         return {"arm": arm, "cpu_s_per_gib": cpu / (len(blob) / GIB), "GBps": len(blob) / wall / 1e9,
                 "extents": extents, "shifted_added": added}
@@ -81,11 +100,10 @@ def run_arm(arm: str, blob: bytes, shifted: bytes, work: Path) -> dict[str, Any]
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(gib: float, reps: int, work: Path, log=print) -> list[dict[str, Any]]:
+def run(gib: float, reps: int, work: Path, log=print, fmt: str = "safetensors") -> list[dict[str, Any]]:
     tensors = checkpoint(gib)
-    blob = save(tensors)
-    shifted = save(tensors, metadata={"note": "x" * 5000})
-    log(f"a safetensors file of {len(blob) / GIB:.2f} GiB ({len(tensors)} tensors), {reps} rep(s) per arm")
+    blob, shifted = files(tensors, fmt)
+    log(f"a {fmt} file of {len(blob) / GIB:.2f} GiB ({len(tensors)} tensors), {reps} rep(s) per arm")
     runs = []
     for rep in range(reps):
         for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
@@ -118,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gib", type=float, default=0.5, help="the checkpoint's size (default 0.5)")
     ap.add_argument("--reps", type=int, default=3, help="runs per arm, alternating (default 3)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the stores go (default /dev/shm)")
+    ap.add_argument("--format", choices=FORMATS, default="safetensors", help="the checkpoint's format")
     args = ap.parse_args(argv)
     if args.gib <= 0 or args.reps < 1:
         print("write_layout: --gib must be above 0 and --reps at least 1", file=sys.stderr)
@@ -125,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.work.is_dir():
         print(f"write_layout: --work {args.work} is not a directory", file=sys.stderr)
         return 2
-    print(markdown(run(args.gib, args.reps, args.work)))
+    print(markdown(run(args.gib, args.reps, args.work, fmt=args.format)))
     return 0
 
 

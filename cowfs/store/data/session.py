@@ -119,7 +119,7 @@ class WriteSession:
         the chunker is put back as it was, so the same bytes can be run again."""
         saved = self.chunker.state()
         with self._threads.share() as threads:
-            batch = self.chunker.cut(data, final=final, threads=threads, fixed=self._tensor_regions(data))
+            batch = self.chunker.cut(data, final=final, threads=threads, fixed=self._tensor_regions(data, final))
             try:
                 exts = self.writer.store(batch, threads)
             except BaseException:
@@ -128,7 +128,7 @@ class WriteSession:
         self.stream_extents.extend(exts)
         self._stream_starts.extend(e.offset for e in exts)
 
-    def _tensor_regions(self, data: list[bytes | memoryview]) -> list[Region]:
+    def _tensor_regions(self, data: list[bytes | memoryview], final: bool) -> list[Region]:
         """The tensor regions to cut this batch with, as the layout learns them from its bytes
         (the chunker's carry, then `data`)."""
         if self.layout is None:
@@ -136,7 +136,7 @@ class WriteSession:
         start = self.chunker.offset
         pieces = [self.chunker.carry, *data] if self.chunker.carried else data
         end = start + sum(len(p) for p in pieces)
-        self.layout.learn(start, end, stream_reader(pieces, start))
+        self.layout.learn(start, end, stream_reader(pieces, start), final)
         return self.layout.regions(start, end)
 
     def _wait(self) -> None:

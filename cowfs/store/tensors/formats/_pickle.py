@@ -69,6 +69,12 @@ _PUSH_ARG = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "S
 def run(data: bytes) -> object:
     """The stand-in value the pickle in `data` builds. Raises (Malformed or anything the
     opcode decoder raises) on a malformed or unsupported pickle."""
+    return run_prefix(data)[0]
+
+
+def run_prefix(data: bytes) -> tuple[object, int]:
+    """`run` of the pickle `data` begins with, and where it ends (just past its STOP): the
+    bytes after it are not looked at."""
     if len(data) > MAX_PICKLE:
         raise Malformed("pickle too large")
     stack: list[object] = []
@@ -81,7 +87,7 @@ def run(data: bytes) -> object:
         del stack[start:]
         return items
 
-    for op, arg, _pos in pickletools.genops(data):
+    for op, arg, pos in pickletools.genops(data):
         name = op.name
         if name in _PUSH_ARG:
             stack.append(bytes(arg) if isinstance(arg, bytearray) else arg)
@@ -92,7 +98,7 @@ def run(data: bytes) -> object:
         elif name == "STOP":
             if len(stack) != 1 or marks:
                 raise Malformed("pickle: STOP with a bad stack")
-            return stack[0]
+            return stack[0], pos + 1
         elif name == "MARK":
             marks.append(len(stack))
         elif name == "POP":

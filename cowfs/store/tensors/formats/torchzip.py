@@ -32,7 +32,7 @@ MAX_NAME = 1024
 
 
 @dataclass
-class _Storage:
+class Storage:
     key: str
     kind: str                       # a dtype name, "untyped" or "unknown"
     numel: int
@@ -71,15 +71,15 @@ def archive_regions(reader: Reader, archive: _zip.Archive) -> list[TensorRegion]
     pkl = _stored(reader, archive, pkl)
     if pkl.size > _pickle.MAX_PICKLE:
         raise Malformed("torchzip: data.pkl too large")
-    storages = _storages(_pickle.run(reader(pkl.data, pkl.size)))
+    found = storages(_pickle.run(reader(pkl.data, pkl.size)))
     out: list[TensorRegion] = []
     used: dict[str, int] = {}
-    for st in storages.values():
+    for st in found.values():
         entry = archive.entries.get(f"{prefix}data/{st.key}")
         if entry is None:
             raise Malformed(f"torchzip: storage {st.key} has no data/{st.key} record")
         entry = _stored(reader, archive, entry)
-        dtype, shape = _dtype_and_shape(st, entry.size)
+        dtype, shape = dtype_and_shape(st, entry.size)
         name = ".".join(st.path)
         if not name or len(name) > MAX_NAME:
             name = f"data/{st.key}"
@@ -105,11 +105,11 @@ def _small_record(reader: Reader, archive: _zip.Archive, entry: _zip.Entry) -> b
     return reader(entry.data, entry.size)
 
 
-def _storages(root: object) -> dict[str, _Storage]:
+def storages(root: object) -> dict[str, Storage]:
     """Storage key -> what the pickle says of it, in the order the walk meets them."""
-    found: dict[str, _Storage] = {}
+    found: dict[str, Storage] = {}
 
-    def record(pid: object, path: tuple[str, ...]) -> _Storage | None:
+    def record(pid: object, path: tuple[str, ...]) -> Storage | None:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             return None
         _, cls, key, _location, numel = pid
@@ -123,7 +123,7 @@ def _storages(root: object) -> dict[str, _Storage]:
                 kind = "untyped"
         st = found.get(key)
         if st is None:
-            st = found[key] = _Storage(key, kind, numel, path)
+            st = found[key] = Storage(key, kind, numel, path)
         elif (st.kind, st.numel) != (kind, numel):
             raise Malformed(f"torchzip: storage {key} described two ways")
         return st
@@ -147,7 +147,7 @@ def _storages(root: object) -> dict[str, _Storage]:
     return found
 
 
-def _dtype_and_shape(st: _Storage, nbytes: int) -> tuple[str, tuple[int, ...] | None]:
+def dtype_and_shape(st: Storage, nbytes: int) -> tuple[str, tuple[int, ...] | None]:
     if st.kind in ELEM_SIZE:
         dtype = st.kind
         if st.numel * ELEM_SIZE[dtype] != nbytes:
