@@ -141,3 +141,12 @@ def test_a_torch_save_through_a_session_is_cut_at_its_pieces(store: Store) -> No
     want = compactor_pieces(blob, "a.pt")
     assert {b for _, b in want} <= ends and {a for a, _ in want} <= ends
     assert store.read_file("/a.pt") == blob
+
+
+def test_many_small_archives_back_to_back() -> None:
+    """A .distcp file of many small items (each a torch.save of its own, its pickle read from
+    the bytes near it, not the rest of the batch): every tensor is found."""
+    blob = b"".join(saved(torch.full((1500,), float(i))) for i in range(300))
+    layout, ends = fed(blob, [8 << 20])
+    want = compactor_pieces(blob, "__0_0.distcp")
+    assert len(want) == 300 and learnt(layout) == want

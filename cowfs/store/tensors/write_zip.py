@@ -30,6 +30,8 @@ ReadFn = Callable[[int, int], bytes]  # (file offset, length) -> up to that many
 LOCAL_SIG, DESCRIPTOR_SIG = b"PK\x03\x04", b"PK\x07\x08"
 CENTRAL_SIG, ZIP64_END_SIG, ZIP64_LOCATOR_SIG, END_SIG = b"PK\x01\x02", b"PK\x06\x06", b"PK\x06\x07", b"PK\x05\x06"
 MAX_SMALL = 64 << 10  # the longest record whose size the pickle does not give
+FIRST_LOOK = 64 << 10  # bytes read first for a pickle (then all there are)
+SMALL_LOOK = 4 << 10  # bytes searched first for a small record's descriptor (then MAX_SMALL)
 MAX_WAIT = 16 << 20  # how far past a hold the walk waits for the record there (a data.pkl) before it gives up
 ZIP64_EXTRA = 0x0001
 
@@ -88,7 +90,7 @@ class ZipWalk:
         if not (name.endswith("/data.pkl") and name.count("/") == 1):
             return self._stop(None)
         try:
-            root, used = _pickle.run_prefix(read(data, end - data))
+            root, used = _pickle_at(data, end, read)
             storages = torchzip.storages(root)
         except Exception:  # noqa: BLE001 - not whole yet (or malformed: then the wait is bounded)
             return self._stop("hold" if end - self.pos < MAX_WAIT else None)
@@ -152,13 +154,16 @@ class ZipWalk:
     def _small(self, end: int, read: ReadFn, found: list[TensorRegion]) -> str | None:
         """A record of unknown size at pos: it ends where a descriptor gives its own offset."""
         need, form = (24, "<QQ") if self._wide else (16, "<II")
-        span = read(self.pos, min(end - self.pos, MAX_SMALL + need))
-        at = span.find(DESCRIPTOR_SIG)
-        while 0 <= at and at + need <= len(span):
-            if struct.unpack_from(form, span, at + 8) == (at, at):
-                self.pos, self.state = self.pos + at + need, "entry"
-                return None
-            at = span.find(DESCRIPTOR_SIG, at + 1)
+        for look in (SMALL_LOOK, MAX_SMALL + need):  # such records are a few bytes: look near first
+            span = read(self.pos, min(end - self.pos, look))
+            at = span.find(DESCRIPTOR_SIG)
+            while 0 <= at and at + need <= len(span):
+                if struct.unpack_from(form, span, at + 8) == (at, at):
+                    self.pos, self.state = self.pos + at + need, "entry"
+                    return None
+                at = span.find(DESCRIPTOR_SIG, at + 1)
+            if len(span) < look:
+                break
         return self._stop("hold" if len(span) < MAX_SMALL + need else None)
 
     def _end_record(self, sig: bytes, end: int, read: ReadFn) -> str | None:
@@ -184,6 +189,18 @@ class ZipWalk:
         if why is None:
             self.state = "done"
         return why
+
+
+def _pickle_at(data: int, end: int, read: ReadFn) -> tuple[object, int]:
+    """The pickle at `data` (its stand-in value and length), read from the bytes before `end`:
+    the first FIRST_LOOK of them, then all (a .distcp file's archives hold one small pickle
+    each: reading the rest of a batch for each would copy it once per archive)."""
+    try:
+        return _pickle.run_prefix(read(data, min(end - data, FIRST_LOOK)))
+    except Exception:  # noqa: BLE001 - longer than the first look, or not whole, or malformed
+        if end - data <= FIRST_LOOK:
+            raise
+    return _pickle.run_prefix(read(data, end - data))
 
 
 def _has_zip64(extra: bytes) -> bool:
