@@ -13,7 +13,8 @@ stream count S, `reps` times, cowfs and the plain directory alternating first:
 * read: the page cache dropped (sync + drop_caches; cowfs also unmounted and mounted again,
   so the daemon's caches are cold too), the same S processes read their files back in 4 MiB
   reads; the SHA-256 of what each read must equal what it wrote, else the bench fails;
-* then the files go (and `cowfs gc` gives the store's space back, so 16 x 1 GiB fits a tmpfs).
+* then the files go (and `cowfs prune --keep-name '*'`, which drops the history they leave and
+  runs gc, gives the store's space back, so 16 x 1 GiB fits a tmpfs).
 
 Then torch: a state dict of random fp32 tensors, torch.save into a file + fsync, cold
 torch.load (mmap=False, checked against what was saved), cowfs and plain alternating first.
@@ -294,7 +295,10 @@ class CowfsMount:
         return dropped
 
     def gc(self) -> None:
-        run_cowfs("gc", str(self.mnt), timeout=600)
+        """Give the space of removed files back: cowfs keeps the versions a removal ended as
+        history until a prune drops them (here every snapshot is kept, only that history goes),
+        and its gc then frees their chunks. `cowfs gc` alone frees nothing of them."""
+        run_cowfs("prune", str(self.mnt), "--keep-name", "*", timeout=600)
 
 
 def filesystem(path: Path) -> tuple[str, str]:
