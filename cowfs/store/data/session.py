@@ -227,7 +227,8 @@ class WriteSession:
         while True:
             if offset < self.stream_pos:
                 below = min(len(data), self.stream_pos - offset)
-                if not self.tail.same(self.stream_pos - offset, data) or any(self.overlay.ranges(offset, offset + below)):
+                patched = any(self.overlay.ranges(offset, offset + below))
+                if patched or not self.tail.same(self.stream_pos - offset, data):
                     self.overlay.write(offset, memoryview(data)[:below])
                 if below == len(data):
                     return

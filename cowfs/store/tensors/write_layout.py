@@ -53,8 +53,9 @@ class WriteLayout:
     def learn(self, start: int, end: int, read: ReadFn, final: bool = False) -> None:
         """Learn from the bytes [start, end) of the file (`read` serves exactly those): the
         first batch's (start 0; held whole until it has SNIFF bytes) says what the file is;
-        a torch archive is walked on in each batch. `final`: the last batch. Never raises: a header the parsers refuse, or that
-        makes them raise anything at all, gives no regions, and the write goes on."""
+        a torch archive is walked on in each batch. `final`: the last batch. Never raises: a
+        header the parsers refuse, or that makes them raise anything at all, gives no
+        regions, and the write goes on."""
         self._hold = None
         try:
             if not self._looked:

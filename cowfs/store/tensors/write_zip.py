@@ -80,13 +80,15 @@ class ZipWalk:
             return "hold"
         name = read(self.pos + LOCAL.size, nlen).decode("utf-8", "replace")
         wide = _has_zip64(read(self.pos + LOCAL.size + nlen, elen))
-        return name, data, wide, (None if flags & 0x08 or wide else size)
+        if flags & 0x08:
+            return name, data, wide, None
+        return None if wide else (name, data, wide, size)  # (sizes in a zip64 field: not what torch writes)
 
     def _archive(self, end: int, read: ReadFn, found: list[TensorRegion]) -> str | None:
         local = self._local(end, read)
         if local == "hold" or local is None:
             return self._stop(local)
-        name, data, wide, _size = local
+        name, data, wide, size = local
         if not (name.endswith("/data.pkl") and name.count("/") == 1):
             return self._stop(None)
         try:
@@ -103,9 +105,9 @@ class ZipWalk:
                     dtype, shape = torchzip.dtype_and_shape(st, nbytes)
                 except Exception:  # noqa: BLE001 - the compactor would not piece it either
                     continue
-                self._sizes[f"{prefix}data/{st.key}"] = TensorRegion(f"data/{st.key}", dtype, ELEM_SIZE[dtype], shape, 0,
-                                                                     nbytes)
-        self._after(data, used, wide, _size)
+                key = f"data/{st.key}"
+                self._sizes[prefix + key] = TensorRegion(key, dtype, ELEM_SIZE[dtype], shape, 0, nbytes)
+        self._after(data, used, wide, size)
         return None
 
     def _after(self, data: int, length: int, wide: bool, size: int | None) -> None:
