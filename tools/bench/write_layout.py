@@ -56,8 +56,8 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _write(store: Store, name: bytes, blob: bytes, pieced: bool) -> int:
-    ino = store.create(ROOT_INO, name).ino
+def _write(store: Store, name: bytes, blob: bytes, pieced: bool, parent: int = ROOT_INO) -> int:
+    ino = store.create(parent, name).ino
     view = memoryview(blob)
     with store.open_session(ino) as s:
         if not pieced:
