@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import io
 
@@ -114,20 +114,27 @@ def run(gib: float, reps: int, work: Path, log=print, fmt: str = "safetensors") 
     return runs
 
 
-def _cell(values: list[float], fmt: str) -> str:
+def cell(values: list[float], fmt: str) -> str:
     return f"{format(statistics.median(values), fmt)} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
 
 
-def markdown(runs: list[dict[str, Any]]) -> str:
-    lines = ["| arm | CPU s per GiB written | GB/s | extents | shifted copy added, MB |",
-             "| --- | --- | --- | --- | --- |"]
+Column = tuple[str, Callable[[dict[str, Any]], float], str]  # header, value of a run, format
+
+
+def table(runs: list[dict[str, Any]], columns: list[Column]) -> str:
+    """One row per arm: median [min-max] of each column over the arm's runs."""
+    lines = ["| arm | " + " | ".join(c[0] for c in columns) + " |", "| --- " * (len(columns) + 1) + "|"]
     for arm in ARMS:
         rs = [r for r in runs if r["arm"] == arm]
         if rs:
-            lines.append(f"| {arm} | {_cell([r['cpu_s_per_gib'] for r in rs], '.2f')} | "
-                         f"{_cell([r['GBps'] for r in rs], '.2f')} | {_cell([r['extents'] for r in rs], '.0f')} | "
-                         f"{_cell([r['shifted_added'] / 1e6 for r in rs], '.2f')} |")
+            lines.append(f"| {arm} | " + " | ".join(cell([get(r) for r in rs], fmt) for _h, get, fmt in columns) + " |")
     return "\n".join(lines)
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    return table(runs, [("CPU s per GiB written", lambda r: r["cpu_s_per_gib"], ".2f"),
+                        ("GB/s", lambda r: r["GBps"], ".2f"), ("extents", lambda r: r["extents"], ".0f"),
+                        ("shifted copy added, MB", lambda r: r["shifted_added"] / 1e6, ".2f")])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import torch
 
 from cowfs.store import ROOT_INO, Store
 
-from .write_layout import ARMS, _write
+from .write_layout import ARMS, _write, table
 
 
 def series(checkpoints: int) -> list[dict[str, bytes]]:
@@ -90,20 +89,11 @@ def run(checkpoints: int, reps: int, work: Path, log=print) -> list[dict[str, An
     return runs
 
 
-def _cell(values: list[float], fmt: str) -> str:
-    return f"{format(statistics.median(values), fmt)} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
-
-
 def markdown(runs: list[dict[str, Any]]) -> str:
-    lines = ["| arm | stored / logical after compact + gc | compact s | pieces rewritten | deltas |",
-             "| --- | --- | --- | --- | --- |"]
-    for arm in ARMS:
-        rs = [r for r in runs if r["arm"] == arm]
-        if rs:
-            lines.append(f"| {arm} | {_cell([r['stored_ratio'] for r in rs], '.4f')} | "
-                         f"{_cell([r['compact_s'] for r in rs], '.2f')} | {_cell([r['rewritten'] for r in rs], '.0f')} | "
-                         f"{_cell([r['deltas'] for r in rs], '.0f')} |")
-    return "\n".join(lines)
+    return table(runs, [("stored / logical after compact + gc", lambda r: r["stored_ratio"], ".4f"),
+                        ("compact s", lambda r: r["compact_s"], ".2f"),
+                        ("pieces rewritten", lambda r: r["rewritten"], ".0f"),
+                        ("deltas", lambda r: r["deltas"], ".0f")])
 
 
 def main(argv: list[str] | None = None) -> int:
