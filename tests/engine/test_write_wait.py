@@ -102,3 +102,32 @@ def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: 
         assert seen == {"served while the write waited": True}
         s.commit()
     assert _read(store, ino) == body
+
+
+def test_a_write_whose_joins_fill_another_batch_does_not_wait_for_it(store: Store, monkeypatch) -> None:
+    """The write that closes the gap before held writes joins them all. The FUSE thread awaited
+    the running batch before it; the batch that write starts must not be waited for again by
+    the joins (the writeback cache's order made the FUSE thread block so in a profile)."""
+    monkeypatch.setattr(session_mod, "BATCH", MiB)
+    body = os.urandom(6 * MiB)
+    ino = store.create(ROOT_INO, b"h").ino
+    with store.open_session(ino) as s:
+        stuck = StuckBatches(s)
+        s.write(0, body[:MiB])  # batch 1 runs, stuck
+        assert stuck.started.wait(30)
+        for k in (2, 3, 4, 5):  # held ahead of the stream
+            s.write(k * MiB, body[k * MiB:(k + 1) * MiB])
+        running = s.batch_to_wait_for(MiB, MiB)
+        assert running is not None
+        stuck.release.set()  # what the FUSE thread awaits
+        running.result(30)
+        stuck.release = threading.Event()  # the batches from here on stick
+        writer = threading.Thread(target=s.write, args=(MiB, body[MiB:2 * MiB]))
+        writer.start()
+        writer.join(10)
+        returned = not writer.is_alive()
+        stuck.release.set()
+        writer.join(30)
+        assert returned and s.stream_pos == 6 * MiB
+        s.commit()
+    assert _read(store, ino) == body

@@ -152,9 +152,15 @@ class WriteSession:
                 raise
 
     def _submit_batch(self) -> None:
+        """The first BATCH bytes of `pending` (whole writes) to a worker; the rest waits there
+        (joined writes can leave more: a batch stays about BATCH, within the heap's buffers)."""
         self._wait()
-        data = self.pending
-        self.pending, self.pending_len = [], 0
+        take, size = 0, 0
+        while take < len(self.pending) and size < BATCH:
+            size += len(self.pending[take])
+            take += 1
+        data, self.pending = self.pending[:take], self.pending[take:]
+        self.pending_len -= size
         self._job = (self._executor.submit(self._run_batch, data, False), data)
 
     @property
@@ -195,27 +201,32 @@ class WriteSession:
         end to the first held write (the committed version's, or zeros), and join the held
         writes the stream then reaches. If the gap's own bytes come later, they are a patch."""
         fill = b"".join(self._piece_bytes(p) for p in self._lower(self.stream_pos, self.window.first()))
-        self._append(fill)
+        self._append(fill, joined=True)
         self._join_ahead()
 
-    def _append(self, data: bytes | memoryview) -> None:
+    def _append(self, data: bytes | memoryview, joined: bool = False) -> None:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
-        worker once BATCH bytes wait."""
+        worker once BATCH bytes wait. `joined`: bytes held in memory already (the reorder
+        window's, a gap's fill): they never wait for a running batch, but stay in the buffer
+        (beyond BATCH, at most the window's REORDER) until the next append finds it done.
+        Through the mount the FUSE thread awaits that batch before the write that needs it
+        (`batch_to_wait_for`), so a write whose joins fill two batches does not block it."""
         n = len(data)
-        if self.pending_len + n >= BATCH:
+        running = joined and self._job is not None and not self._job[0].done()
+        if self.pending_len + n >= BATCH and not running:
             self._wait()  # a failed batch raises here, before this write changes anything
         self.pending.append(data)
         self.pending_len += n
         self.stream_pos += n
         self.tail.push(data)
-        if self.pending_len >= BATCH:
+        if self.pending_len >= BATCH and not running:
             self._submit_batch()
 
     def _join_ahead(self) -> None:
         """(lock held, streaming) Held writes the stream has reached join it."""
         while (rest := self.window.reached(self.stream_pos)) is not None:
             if rest:
-                self._append(rest)  # (a failed batch raises here: the write stays held)
+                self._append(rest, joined=True)  # (a failed batch raises here: the write stays held)
             self.window.pop_first()
 
     def _write_streaming(self, offset: int, data: Buffer, keep: bool) -> None:
