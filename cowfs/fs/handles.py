@@ -25,6 +25,10 @@ class SharedSession:
     # held while a put (fs/put_op.py) writes into the session: a FLUSH, fsync, RELEASE or WRITE
     # of the file waits for it, so no commit ever takes a put's parts before its last one
     put_lock: trio.Lock = field(default_factory=trio.Lock)
+    # WRITEs of the file in the order they arrived (trio's Lock is fair): one that waits for
+    # its session's batch keeps the later ones waiting behind it rather than letting them
+    # overtake it, so the stream sees the order the kernel sent
+    write_order: trio.Lock = field(default_factory=trio.Lock)
 
 
 @dataclass

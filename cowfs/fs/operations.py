@@ -383,19 +383,20 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
     @translate_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         f = self.handles.files[fh]
-        if f.shared is None:
+        if (shared := f.shared) is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if f.shared.error is not None:
-            raise pyfuse3.FUSEError(f.shared.error)
-        await _after_put(f.shared)
-        session = f.shared.session
-        while (batch := session.batch_to_wait_for(off, len(buf))) is not None:
-            await wait_future(batch)  # this thread serves every file: it never blocks on one file's batch
-        try:
-            return session.write(off, buf)
-        except Exception as e:
-            self._session_failed(f, e, "write")
-            raise
+        async with shared.write_order:  # taken before any other await: the arrival order
+            if shared.error is not None:  # (a write before this one failed)
+                raise pyfuse3.FUSEError(shared.error)
+            await _after_put(shared)
+            session = shared.session
+            while (batch := session.batch_to_wait_for(off, len(buf))) is not None:
+                await wait_future(batch)  # this thread serves every file: it never blocks on one file's batch
+            try:
+                return session.write(off, buf)
+            except Exception as e:
+                self._session_failed(f, e, "write")
+                raise
 
     def _session_failed(self, f: OpenFile, e: Exception, what: str) -> None:
         """A WRITE or a commit of this session failed (ENOSPC, EIO). With the writeback cache

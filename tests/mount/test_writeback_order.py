@@ -1,7 +1,8 @@
 """With the kernel's writeback cache, a file written in writes that end mid-page (torch.save:
 4 MiB of tensor, 64 bytes of zip header, and so on) reaches the daemon with pages sent
-twice and late. The write session takes them on its stream (reorder.py): nothing goes to
-the spill file while the file is written, and the bytes read back whole."""
+twice and late. The write session takes them on its stream (reorder.py): the spill file
+gets at most a few late pages (patches), never the rest of the file, and the bytes read back
+whole."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ def test_unaligned_writes_through_the_writeback_cache_stay_on_the_stream(store_p
             for p in parts:
                 f.write(p)
                 f.flush()
-            assert spilled_bytes(pid) == 0  # every page the kernel sent so far joined the stream
+            assert spilled_bytes(pid) < MiB  # the pages sent so far joined the stream, a late one is a patch
             os.fsync(f.fileno())
-            assert spilled_bytes(pid) == 0
+            assert spilled_bytes(pid) < MiB
         assert (m / "model.pt").read_bytes() == want
