@@ -226,3 +226,26 @@ def test_a_patch_stays_on_top_when_the_session_leaves_the_fast_path(store, monke
         assert not s.streaming
         s.commit()
     assert _content(store, b"f") == data[:2 * MiB]
+
+
+@pytest.mark.parametrize("then", ["commit", "read"])
+def test_a_small_gap_never_filled_is_stepped_over_not_spilled(store, monkeypatch, then):
+    """A held write with a gap of at most HOLE before it, never filled: a commit or a read
+    steps over the gap (the view's bytes: zeros here) and the session stays on the stream:
+    it never freezes."""
+    def no_freeze(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("the session left the stream")
+
+    monkeypatch.setattr(session_mod.WriteSession, "_freeze", no_freeze)
+    data = os.urandom(3 * MiB)
+    want = data[:5000] + bytes(8192 - 5000) + data[8192:]
+    ino = store.create(ROOT_INO, b"f").ino
+    with store.open_session(ino) as s:
+        s.write(0, data[:5000])
+        s.write(8192, data[8192:])
+        assert s.streaming and s.ahead_len == len(data) - 8192
+        if then == "read":
+            assert s.read(4000, 5000) == want[4000:9000]
+            assert s.streaming and s.ahead_len == 0 and not s.overlay
+        s.commit()
+    assert _content(store, b"f") == want

@@ -137,8 +137,9 @@ def test_a_write_waiting_for_its_batch_keeps_the_later_ones_behind_it(store: Sto
     """WRITEs of one file go in the order they arrived: when the running batch is done, the
     write that waited for it goes before those that arrived after it (trio wakes waiters in
     either order), so none is held ahead of the stream (with many such, the reorder window
-    filled and a writeback-cached save under load left the fast path). Ten rounds: without
-    the order, about half of them apply a later write first."""
+    filled and a writeback-cached save under load left the fast path). Ten rounds: trio
+    wakes the waiters in either order, so without the order some round applies a later write
+    first."""
     monkeypatch.setattr(session_mod, "BATCH", MiB)  # every 1 MiB write fills a batch
     for round_ in range(10):
         body = os.urandom(5 * MiB)

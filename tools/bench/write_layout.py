@@ -56,7 +56,8 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _write(store: Store, name: bytes, blob: bytes, pieced: bool, parent: int = ROOT_INO) -> int:
+def write_through_session(store: Store, name: bytes, blob: bytes, pieced: bool,
+                          parent: int = ROOT_INO) -> int:
     ino = store.create(parent, name).ino
     view = memoryview(blob)
     with store.open_session(ino) as s:
@@ -88,11 +89,11 @@ def run_arm(arm: str, blob: bytes, shifted: bytes, work: Path) -> dict[str, Any]
         with Store.open(root / "store") as store:
             pieced = arm == ARMS[1]
             c0, t0 = _cpu(), time.monotonic()
-            _write(store, b"model", blob, pieced)
+            write_through_session(store, b"model", blob, pieced)
             cpu, wall = _cpu() - c0, time.monotonic() - t0
             extents = store.catalog.read(lambda c: c.execute("SELECT count(*) FROM extents").fetchone()[0])
             before = store.stats()["stored_bytes"]
-            _write(store, b"shifted", shifted, pieced)
+            write_through_session(store, b"shifted", shifted, pieced)
             added = store.stats()["stored_bytes"] - before
         return {"arm": arm, "cpu_s_per_gib": cpu / (len(blob) / GIB), "GBps": len(blob) / wall / 1e9,
                 "extents": extents, "shifted_added": added}

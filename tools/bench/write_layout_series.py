@@ -26,7 +26,7 @@ import torch
 
 from cowfs.store import ROOT_INO, Store
 
-from .write_layout import ARMS, _write, table
+from .write_layout import ARMS, table, write_through_session
 
 
 def series(checkpoints: int) -> list[dict[str, bytes]]:
@@ -63,7 +63,7 @@ def run_arm(arm: str, checkpoints: list[dict[str, bytes]], work: Path) -> dict[s
             for t, files in enumerate(checkpoints):
                 d = store.mkdir(ROOT_INO, f"checkpoint-{t}".encode()).ino
                 for name, blob in files.items():
-                    _write(store, name.encode(), blob, arm == ARMS[1], parent=d)
+                    write_through_session(store, name.encode(), blob, arm == ARMS[1], parent=d)
                     logical += len(blob)
             t0 = time.monotonic()
             report = store.compact()

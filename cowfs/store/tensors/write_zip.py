@@ -23,7 +23,7 @@ from typing import Callable
 
 from .formats import _pickle, torchzip
 from .formats._base import ELEM_SIZE, TensorRegion
-from .formats._zip import LOCAL
+from .formats._zip import CENTRAL, EOCD, LOCAL, ZIP64_EOCD, ZIP64_EXTRA, ZIP64_LOCATOR, extra_fields
 
 ReadFn = Callable[[int, int], bytes]  # (file offset, length) -> up to that many bytes there
 
@@ -33,7 +33,6 @@ MAX_SMALL = 64 << 10  # the longest record whose size the pickle does not give
 FIRST_LOOK = 64 << 10  # bytes read first for a pickle (then all there are)
 SMALL_LOOK = 4 << 10  # bytes searched first for a small record's descriptor (then MAX_SMALL)
 MAX_WAIT = 16 << 20  # how far past a hold the walk waits for the record there (a data.pkl) before it gives up
-ZIP64_EXTRA = 0x0001
 
 
 class ZipWalk:
@@ -171,18 +170,18 @@ class ZipWalk:
     def _end_record(self, sig: bytes, end: int, read: ReadFn) -> str | None:
         """Step over one record of an archive's end: a central directory entry, the zip64 end
         record and locator, the end of central directory (then another archive may begin)."""
-        fixed = {CENTRAL_SIG: 46, ZIP64_END_SIG: 12, ZIP64_LOCATOR_SIG: 20, END_SIG: 22}[sig]
-        if self.pos + fixed > end:
+        record = {CENTRAL_SIG: CENTRAL, ZIP64_END_SIG: ZIP64_EOCD, ZIP64_LOCATOR_SIG: ZIP64_LOCATOR, END_SIG: EOCD}[sig]
+        if self.pos + record.size > end:
             return "hold"
-        raw = read(self.pos, fixed)
-        if sig == CENTRAL_SIG:
-            self.pos += fixed + sum(struct.unpack_from("<HHH", raw, 28))
-        elif sig == ZIP64_END_SIG:
-            self.pos += fixed + struct.unpack_from("<Q", raw, 4)[0]
+        f = record.unpack(read(self.pos, record.size))
+        if sig == CENTRAL_SIG:  # then its name, extra field and comment
+            self.pos += record.size + f[10] + f[11] + f[12]
+        elif sig == ZIP64_END_SIG:  # its size counts the bytes after its first 12
+            self.pos += 12 + f[1]
         elif sig == ZIP64_LOCATOR_SIG:
-            self.pos += fixed
-        else:
-            self.pos += fixed + struct.unpack_from("<H", raw, 20)[0]
+            self.pos += record.size
+        else:  # then its comment; another archive may follow
+            self.pos += record.size + f[7]
             self.state = "archive"
         return None
 
@@ -208,10 +207,4 @@ def _pickle_at(data: int, end: int, read: ReadFn) -> tuple[object, int]:
 def _has_zip64(extra: bytes) -> bool:
     """Whether a local header's extra field holds a zip64 block (then its descriptor's sizes
     are 8 bytes each)."""
-    at = 0
-    while at + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, at)
-        if tag == ZIP64_EXTRA:
-            return True
-        at += 4 + size
-    return False
+    return any(tag == ZIP64_EXTRA for tag, _body in extra_fields(extra))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Iterator
 
 from ._base import Malformed, Reader
 
@@ -114,16 +115,24 @@ def _central(cd: bytes, count: int, base: int, cd_start: int) -> dict[str, Entry
     return entries
 
 
+ZIP64_EXTRA = 0x0001  # the zip64 extended-information field's id
+
+
+def extra_fields(extra: bytes) -> Iterator[tuple[int, bytes]]:
+    """(id, body) of each field of a header's extra field."""
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, pos)
+        yield tag, extra[pos + 4:pos + 4 + length]
+        pos += 4 + length
+
+
 def _zip64_extra(extra: bytes, size: int, comp: int, header: int,
                  disk: int) -> tuple[int, int, int, int]:
     """Apply a zip64 extended-information field (id 1): each value that is 0xFFFFFFFF
     (0xFFFF for the disk) in the fixed fields comes next, as u64 (u32 for the disk)."""
-    pos = 0
-    while pos + 4 <= len(extra):
-        tag, length = struct.unpack_from("<HH", extra, pos)
-        body = extra[pos + 4:pos + 4 + length]
-        pos += 4 + length
-        if tag != 1:
+    for tag, body in extra_fields(extra):
+        if tag != ZIP64_EXTRA:
             continue
         q = 0
         vals = [size, comp, header]
