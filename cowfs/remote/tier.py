@@ -18,6 +18,7 @@ from ..store.upkeep.evict import evicted_count, restore_all
 from ..store.upkeep.stats import physical_bytes
 from . import deltas
 from .bucket_fsck import check as check_bucket
+from .bucket_look import Looks
 from .config import (
     REMOTE_STATE_FILE,
     RemoteConfig,
@@ -58,6 +59,7 @@ class RemoteTier:
         self.last: PushReport | None = None
         self.last_error: str | None = None
         self._uploader: ThreadPoolExecutor | None = None
+        self.looks = Looks()  # when this tier's passes last looked at the bucket (a new tier looks at everything)
 
     @property
     def config(self) -> RemoteConfig | None:
@@ -81,7 +83,7 @@ class RemoteTier:
             bucket.check()
         with self._lock:
             write_remote_config(self.store.root, cfg)
-            self._config, self._bucket = cfg, bucket
+            self._config, self._bucket, self.looks = cfg, bucket, Looks()
         return made
 
     def _refuse_if_evicted(self, what: str) -> None:
@@ -113,7 +115,8 @@ class RemoteTier:
             bucket = self.bucket()
             state = RemoteState(self.store.root / REMOTE_STATE_FILE, bucket.cfg.url)
             try:
-                report = push(self.store, bucket, state, progress=progress, stop=stop, whole=whole, on_catalog=on_catalog)
+                report = push(self.store, bucket, state, progress=progress, stop=stop, whole=whole, on_catalog=on_catalog,
+                              looks=self.looks)
                 limit = self._config.local_limit if self._config is not None else None
                 if limit is not None and not (stop is not None and stop()):
                     report.evicted = evict(self.store, state, limit).to_json()

@@ -43,9 +43,8 @@ from ..errors import CorruptData, RemoteError
 from ..store.log.log import Location
 from ..store.log.records import RecordError, check_record
 from . import deltas
-from .bucket_look import catalog_key, delta_key, index_key, pack_key, refresh
+from .bucket_look import Looks, catalog_key, delta_key, index_key, pack_key, refresh
 from .catalogs import retained_catalogs
-from .doomed import MIN_GRACE
 from .packs import PackArena, PackBuilder
 from .s3 import PART_SIZE, Bucket
 from .state import RemoteState
@@ -143,7 +142,8 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]],
 
 def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None = None,
          progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
-         whole: bool = False, on_catalog: Callable[[int, str], None] | None = None) -> PushReport:
+         whole: bool = False, on_catalog: Callable[[int, str], None] | None = None,
+         looks: Looks | None = None) -> PushReport:
     """Upload what the bucket lacks of the store's current generation; see the module text.
     `whole`: a whole catalog as well as the delta, and the store's older catalog objects
     deleted (what remote gc's pass does, so that what the store dropped stops being live).
@@ -152,14 +152,26 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
     whole catalog is due by the size of the deltas since the last (not asked for, no pack
     forgotten), a pass that tells runs as two: the delta alone, told at once, then the whole
     catalog (and a delta of what changed meanwhile), so the notice does not wait for a copy
-    and a check of the whole catalog, which grow with the store."""
+    and a check of the whole catalog, which grow with the store. `looks`: when the tier last
+    looked at the bucket, updated by the pass (None: a new one, so every look is made)."""
+    looks = looks if looks is not None else Looks()
+    try:
+        return _push(store, bucket, state, pack_size, progress, stop, whole, on_catalog, looks)
+    except BaseException:
+        looks.failed = True  # it may have left a pack without its index: the next pass lists packs/
+        raise
+
+
+def _push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None,
+          progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None, whole: bool,
+          on_catalog: Callable[[int, str], None] | None, looks: Looks) -> PushReport:
     if on_catalog is not None and not whole and state.since() is not None and state.full_check_due() is None \
             and _whole_due(state):
-        first = _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog, whole_due=False)
+        first = _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog, looks, whole_due=False)
         if stop is not None and stop():
             return first
-        return _merged(first, _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog))
-    return _pass(store, bucket, state, pack_size, progress, stop, whole, on_catalog)
+        return _merged(first, _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog, looks))
+    return _pass(store, bucket, state, pack_size, progress, stop, whole, on_catalog, looks)
 
 
 def _merged(first: PushReport, second: PushReport) -> PushReport:
@@ -175,14 +187,13 @@ def _merged(first: PushReport, second: PushReport) -> PushReport:
 
 def _pass(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None,
           progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None, whole: bool,
-          on_catalog: Callable[[int, str], None] | None, whole_due: bool | None = None) -> PushReport:
+          on_catalog: Callable[[int, str], None] | None, looks: Looks, whole_due: bool | None = None) -> PushReport:
     """One pass of `push`; `whole_due` False: no whole catalog unless asked for or a pack was
     forgotten (None: by `_whole_due`)."""
     t0 = time.monotonic()
     pack_size = pack_size or PACK_SIZE
     report = PushReport()
-    looked = time.monotonic()
-    look = refresh(bucket, state)
+    look = refresh(bucket, state, looks=looks)
     report.indexes_read, report.adopted, report.forgotten = look.indexes_read, look.adopted, look.forgotten
     deltas.install(store)
     tmpdir = store.root / "tmp"
@@ -215,15 +226,15 @@ def _pass(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | N
                 break
             # gc deleted a chunk the copy uses after it was read: read again (the newer
             # generation no longer uses it)
-        up = _Uploader(store, bucket, state, pack_size, report)
+        up = _Uploader(store, bucket, state, pack_size, report, looks)
         if not up.chunks([(h, locs[h]) for h, _ in need], progress, stop):
             return report
-        looked = up.settle(plan, looked, pinned)
+        up.settle(plan, pinned, before_put=True)
         keys: list[str] = []
         try:
             for path, key, from_gen in _catalog_objects(bucket, store.config.store_uuid, plan):
                 keys.append(_put_catalog(bucket, state, plan, report, path, key, from_gen))
-                looked = up.settle(plan, looked, pinned)
+                up.settle(plan, pinned)
                 if on_catalog is not None and len(keys) == 1 and (from_gen is not None or plan.since is None):
                     on_catalog(gen, key)  # a delta, or the first catalog: not a whole one consumers have the delta of
                     report.told = True
@@ -288,9 +299,10 @@ class _Plan:
 class _Uploader:
     """Chunks of the store into new packs, for one pass."""
 
-    def __init__(self, store: "Store", bucket: Bucket, state: RemoteState, pack_size: int, report: PushReport) -> None:
+    def __init__(self, store: "Store", bucket: Bucket, state: RemoteState, pack_size: int, report: PushReport,
+                 looks: Looks) -> None:
         self.store, self.bucket, self.state = store, bucket, state
-        self.pack_size, self.report = pack_size, report
+        self.pack_size, self.report, self.looks = pack_size, report, looks
 
     def chunks(self, locs: list[tuple[bytes, Location]], progress: Callable[[int, int], None] | None = None,
                stop: Callable[[], bool] | None = None) -> bool:
@@ -329,23 +341,23 @@ class _Uploader:
     def pack(self, builder: PackBuilder) -> None:
         _upload_pack(self.bucket, self.state, builder, self.report)
 
-    def settle(self, plan: _Plan, looked: float, pinned: list[bytes]) -> float:
+    def settle(self, plan: _Plan, pinned: list[bytes], before_put: bool = False) -> None:
         """Look at the bucket again and upload what the copy needs that a remote gc marked or
-        deleted since the last look, until it needs nothing more; returns when `index/` was
-        last listed (monotonic). `index/` is listed again only after MIN_GRACE / 2: a doomed
-        list made after the last look is swept MIN_GRACE after it at the soonest, and is
-        still in `gc/` until then (docs/design.md section 17, "Remote gc")."""
+        deleted since the last look, until it needs nothing more. `index/` is listed again
+        only after INDEX_EVERY (MIN_GRACE / 2): a doomed list made after the last look is
+        swept MIN_GRACE after it at the soonest, and is still in `gc/` until then (docs/design.md
+        section 17, "Remote gc"). `before_put`: the look before a catalog's PUT, left out when
+        a look at `gc/` began less than FRESH ago ("Fewer looks per pass")."""
+        if before_put and self.looks.gc_fresh(self.looks.clock()):
+            return
         for _ in range(SETTLE_ROUNDS):
-            t = time.monotonic()
-            look = refresh(self.bucket, self.state, adopt=False, indexes=t - looked >= MIN_GRACE / 2)
-            if look.indexes_listed:
-                looked = t
+            look = refresh(self.bucket, self.state, adopt=False, looks=self.looks)
             self.report.forgotten += look.forgotten
             if not look.lost_holders:  # new packs only add holders: the copy still lacks nothing
-                return looked
+                return
             need = [h for h, _ in plan.missing(self.state)]
             if not need:
-                return looked
+                return
             locs = self.store.index.pin(need)
             pinned += need
             lost = [h for h in need if h not in locs]

@@ -15,6 +15,7 @@ import pytest
 from cowfs.errors import CorruptData, RemoteError
 from cowfs.remote import gc as remote_gc
 from cowfs.remote import upload
+from cowfs.remote.bucket_look import INDEX_EVERY
 from cowfs.remote.config import RemoteConfig
 from cowfs.remote.doomed import CLOCK_STEP
 from cowfs.remote.s3 import Bucket
@@ -304,6 +305,9 @@ def test_packs_whose_index_was_deleted_are_adopted_and_gc_takes_the_unused_one(t
         (pb,) = put_file(s, "b.bin", b)
         bucket = Bucket(cfg)
         bucket.delete([bucket.key("index", pa), bucket.key("index", pb)])
+        looks = tier_of(s).looks
+        assert looks.index is not None
+        looks.index -= INDEX_EVERY  # as if a second had passed: the next pass lists index/
         forget(s, "a.bin")  # its first pass adopts both packs (nothing doomed them)
         assert keys(cfg, "index") == sorted(bucket.key("index", n) for n in (pa, pb))
         assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/b.bin": b}
