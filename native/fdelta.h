@@ -14,8 +14,6 @@
 #define MAX_SYMS 33 /* bit lengths 0..32 */
 #define HEADER 19   /* elem, mant, ebits, e_lo, bshift, n, word bytes, bit bytes, contexts */
 #define STREAM_PAD 64 /* zero bytes after each stream in the decoder's copy */
-#define SLOT_SHIFT 3 /* a start per 8 slots: the search after it rarely steps */
-#define STARTS (PROB_SCALE >> SLOT_SHIFT)
 
 typedef struct {
     int elem;  /* 2 or 4 */
@@ -26,30 +24,37 @@ typedef struct {
     int bshift; /* the context: exponent buckets merged 2^bshift at a time */
 } fd_format;
 
-static inline uint32_t load_elem(const uint8_t *p, size_t i, int elem)
-{
-    p += i * (size_t)elem;
-    if (elem == 2)
-        return (uint32_t)p[0] | (uint32_t)p[1] << 8;
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline void store_elem(uint8_t *p, size_t i, int elem, uint32_t v)
-{
-    p += i * (size_t)elem;
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    if (elem == 4) {
-        p[2] = (uint8_t)(v >> 16);
-        p[3] = (uint8_t)(v >> 24);
-    }
-}
-
+/* Little-endian loads and stores: one memory access on a little-endian CPU, byte by byte
+ * elsewhere. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#include <string.h>
+static inline uint32_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void put16(uint8_t *p, uint32_t v) { uint16_t w = (uint16_t)v; memcpy(p, &w, 2); }
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+#else
 static inline void put16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void put32(uint8_t *p, uint32_t v) { put16(p, v); put16(p + 2, v >> 16); }
 static inline uint32_t get16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static inline uint32_t get32(const uint8_t *p) { return get16(p) | get16(p + 2) << 16; }
 static inline uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+#endif
+
+static inline uint32_t load_elem(const uint8_t *p, size_t i, int elem)
+{
+    p += i * (size_t)elem;
+    return elem == 2 ? get16(p) : get32(p);
+}
+
+static inline void store_elem(uint8_t *p, size_t i, int elem, uint32_t v)
+{
+    p += i * (size_t)elem;
+    if (elem == 2)
+        put16(p, v);
+    else
+        put32(p, v);
+}
 
 static inline int bucket(uint32_t y, const fd_format *f)
 {

@@ -1,17 +1,70 @@
-/* The fdelta decoder (docs/format.md section 3.2.1): one pass, four rANS lanes unrolled,
- * both streams read from padded copies so that a step needs no bounds checks (they are
- * checked once per four elements and exactly at the end). Plain C; floatcodec.c calls it
- * with the GIL released. */
+/* The fdelta decoder (docs/format.md section 3.2.1). Plain C; floatcodec.c calls it with the
+ * GIL released.
+ *
+ * Elements are decoded a block of BLOCK at a time, in three passes over the block:
+ *   1. each element's context, from its base element's exponent (a context the payload has
+ *      no table for fails the decode here);
+ *   2. the four rANS lanes, unrolled, alone: each element's symbol (its bit length). A step
+ *      is one load from its context's slot table (symbol, frequency and bias packed in a
+ *      word), a multiply and the renormalisation;
+ *   3. the raw bits below each leading one, and the elements written.
+ * In one pass, as before, every element's raw bits waited for its symbol (their place is
+ * the sum of the bit lengths before it) and so chained the four lanes together; the slot
+ * table replaced a search whose steps the branch predictor could not guess
+ * (docs/benchmarks.md, "The float delta's decoder").
+ *
+ * Both streams are read from copies with zero padding behind them, so that a step needs no
+ * bounds check: the words are checked once per four elements (a step takes at most one),
+ * the raw bits once per block, before any of its bits is read, and both exactly at the end. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fdelta.h"
 
-typedef struct {
-    uint16_t cum[MAX_SYMS + 1];
-    uint8_t start[STARTS]; /* the symbol whose range holds slot k << SLOT_SHIFT */
-    uint8_t valid;
-} dec_table;
+#define BLOCK 2048 /* elements per block */
+
+/* A slot table entry: the symbol whose range holds the slot, the symbol's frequency and the
+ * slot's place in its range, so that a step makes one load. */
+#define SLOT_ENTRY(freq, bias, sym) ((freq) | (bias) << 13 | (uint32_t)(sym) << 25)
+#define SLOT_FREQ(e) ((e) & 0x1fffu)
+#define SLOT_BIAS(e) (((e) >> 13) & 0xfffu)
+#define SLOT_SYM(e) ((e) >> 25)
+
+/* Read the table rows into `slots` (PROB_SCALE entries per context, rows the payload has)
+ * and `valid`; returns where they end, or NULL with *err set. */
+static const uint8_t *read_tables(const uint8_t *q, const uint8_t *end, size_t used, const fd_format *f, int nctx,
+                                  uint32_t *slots, uint8_t *valid, const char **err)
+{
+    int last = -1;
+    for (size_t u = 0; u < used; u++) {
+        if (end - q < 3) { *err = "table runs past the payload"; return NULL; }
+        int c = (int)get16(q), k = q[2];
+        q += 3;
+        if (c <= last || c >= nctx) { *err = "table contexts out of order"; return NULL; }
+        if (k < 1 || k > f->nsym || end - q < 3 * k) { *err = "bad table row"; return NULL; }
+        last = c;
+        uint32_t fr[MAX_SYMS] = {0};
+        int ls = -1;
+        for (int j = 0; j < k; j++, q += 3) {
+            int s = q[0];
+            if (s <= ls || s >= f->nsym) { *err = "table symbols out of order"; return NULL; }
+            ls = s;
+            fr[s] = get16(q + 1) + 1;
+        }
+        uint32_t run = 0;
+        for (int s = 0; s < f->nsym; s++) {
+            run += fr[s];
+            if (run > PROB_SCALE) { *err = "table frequencies do not sum to 4096"; return NULL; }
+        }
+        if (run != PROB_SCALE) { *err = "table frequencies do not sum to 4096"; return NULL; }
+        uint32_t *row = slots + (size_t)c * PROB_SCALE, at = 0;
+        for (int s = 0; s < f->nsym; s++)
+            for (uint32_t j = 0; j < fr[s]; j++)
+                row[at++] = SLOT_ENTRY(fr[s], j, s);
+        valid[c] = 1;
+    }
+    return q;
+}
 
 const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t *out, size_t out_len)
 {
@@ -30,59 +83,21 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     if (word_bytes % 2 || bit_bytes % 8)
         return "stream lengths not whole words";
     int nctx = EBUCKETS >> f.bshift;
-    dec_table *tab = calloc((size_t)nctx, sizeof(dec_table));
-    if (!tab)
-        return "out of memory";
-    for (int c = 0; c < nctx; c++) /* rows the payload lacks: searches stop at once (never decoded: see below) */
-        for (int s = 0; s <= MAX_SYMS; s++)
-            tab[c].cum[s] = PROB_SCALE;
+    uint8_t valid[EBUCKETS] = {0};
     const char *err = NULL;
     uint8_t *streams = NULL;
-    const uint8_t *q = p + HEADER, *end = p + len;
-    int last = -1;
-    for (size_t u = 0; u < used; u++) {
-        if (end - q < 3) { err = "table runs past the payload"; goto done; }
-        int c = (int)get16(q), k = q[2];
-        q += 3;
-        if (c <= last || c >= nctx) { err = "table contexts out of order"; goto done; }
-        if (k < 1 || k > f.nsym || end - q < 3 * k) { err = "bad table row"; goto done; }
-        last = c;
-        dec_table *t = tab + c;
-        uint32_t fr[MAX_SYMS] = {0};
-        int ls = -1;
-        for (int j = 0; j < k; j++, q += 3) {
-            int s = q[0];
-            if (s <= ls || s >= f.nsym) { err = "table symbols out of order"; goto done; }
-            ls = s;
-            fr[s] = get16(q + 1) + 1;
-        }
-        uint32_t run = 0;
-        for (int s = 0; s < f.nsym; s++) {
-            t->cum[s] = (uint16_t)run;
-            run += fr[s];
-            if (run > PROB_SCALE) { err = "table frequencies do not sum to 4096"; goto done; }
-        }
-        if (run != PROB_SCALE) { err = "table frequencies do not sum to 4096"; goto done; }
-        for (int s = f.nsym; s <= MAX_SYMS; s++)
-            t->cum[s] = PROB_SCALE;
-        int s = 0;
-        for (int j = 0; j < (int)STARTS; j++) {
-            uint32_t slot = (uint32_t)j << SLOT_SHIFT;
-            while ((uint32_t)t->cum[s] + fr[s] <= slot)
-                s++;
-            t->start[j] = (uint8_t)s;
-        }
-        t->valid = 1;
-    }
-    if ((size_t)(end - q) != 4 * LANES + word_bytes + bit_bytes) { err = "stream lengths do not match the payload"; goto done; }
+    uint32_t *slots = used ? malloc((size_t)nctx * PROB_SCALE * sizeof(uint32_t)) : NULL;
+    if (used && !slots)
+        return "out of memory";
+    const uint8_t *q = read_tables(p + HEADER, p + len, used, &f, nctx, slots, valid, &err);
+    if (!q)
+        goto done;
+    if ((size_t)(p + len - q) != 4 * LANES + word_bytes + bit_bytes) { err = "stream lengths do not match the payload"; goto done; }
     uint32_t st[LANES];
     for (int k = 0; k < LANES; k++, q += 4) {
         st[k] = get32(q);
         if (st[k] < RANS_L || st[k] >= 2 * (uint32_t)RANS_L << 15) { err = "bad rANS state"; goto done; }
     }
-    /* both streams copied behind zero padding, so that a step reads without bounds checks;
-     * the bounds are checked once per four elements (a step takes at most one word and
-     * 31 bits) and exactly at the end */
     streams = malloc(word_bytes + bit_bytes + 2 * STREAM_PAD);
     if (!streams) { err = "out of memory"; goto done; }
     uint8_t *words = streams, *bits = streams + word_bytes + STREAM_PAD;
@@ -90,14 +105,11 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     memset(words + word_bytes, 0, STREAM_PAD);
     memcpy(bits, q + word_bytes, bit_bytes);
     memset(bits + bit_bytes, 0, STREAM_PAD);
-    /* each exponent's table; a base element whose table the payload lacks is found before
-     * decoding (one pass over the base), so the steps need not look */
-    const dec_table *by_exp[1 << 11];
-    uint8_t lacking[1 << 11];
+    /* each exponent's context, 0xff where the payload has no table for it */
+    uint8_t ctx_of[1 << 11];
     for (int e = 0; e < (1 << f.ebits); e++) {
-        int b = e - f.elo;
-        by_exp[e] = tab + ((b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b)) >> f.bshift);
-        lacking[e] = !by_exp[e]->valid;
+        int b = e - f.elo, c = (b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b)) >> f.bshift;
+        ctx_of[e] = valid[c] ? (uint8_t)c : 0xff;
     }
     uint32_t lead[MAX_SYMS + 1] = {0}; /* a symbol's leading one (symbols above W never decode) */
     for (int s = 1; s <= 32; s++)
@@ -106,54 +118,67 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     const int mant = f.mant;
     size_t wpos = 0, bpos = 0; /* bytes of words, bits of raw bits taken */
     uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
-    int missing = 0;
-    if (f.elem == 2)
-        for (size_t i = 0; i < n; i++)
-            missing |= lacking[(load_elem(base, i, 2) >> mant) & emask];
-    else
-        for (size_t i = 0; i < n; i++)
-            missing |= lacking[(load_elem(base, i, 4) >> mant) & emask];
-    if (missing) { err = "a context the table does not have"; goto done; }
 
-#define FD_STEP(ST, I, ELEM)                                                                        \
+#define SYM_STEP(ST, K)                                                                             \
     do {                                                                                            \
-        uint32_t y_ = load_elem(base, (I), (ELEM));                                                 \
-        const dec_table *t_ = by_exp[(y_ >> mant) & emask];                                         \
-        uint32_t x_ = (ST), slot_ = x_ & (PROB_SCALE - 1);                                          \
-        int s_ = t_->start[slot_ >> SLOT_SHIFT];                                                    \
-        while (t_->cum[s_ + 1] <= slot_)                                                            \
-            s_++;                                                                                   \
-        x_ = (uint32_t)(t_->cum[s_ + 1] - t_->cum[s_]) * (x_ >> PROB_BITS) + slot_ - t_->cum[s_];   \
+        uint32_t x_ = (ST), e_ = slots[(uint32_t)cx[K] << PROB_BITS | (x_ & (PROB_SCALE - 1))];      \
+        x_ = SLOT_FREQ(e_) * (x_ >> PROB_BITS) + SLOT_BIAS(e_);                                     \
         uint32_t need_ = x_ < RANS_L;                                                               \
         uint32_t w_ = get16(words + wpos) & (0u - need_);                                           \
         (ST) = x_ << (need_ << 4) | w_;                                                             \
         wpos += 2 * need_;                                                                          \
-        int nb_ = s_ - (s_ > 0);                                                                    \
-        uint64_t win_ = get64(bits + (bpos >> 3)) >> (bpos & 7);                                    \
-        uint32_t z_ = lead[s_] | (uint32_t)(win_ & ((1ull << nb_) - 1));                             \
-        bpos += (size_t)nb_;                                                                        \
-        store_elem(out, (I), (ELEM), (y_ + ((z_ >> 1) ^ (0u - (z_ & 1)))) & wmask);                 \
+        sym[K] = (uint8_t)SLOT_SYM(e_);                                                             \
     } while (0)
 
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        if (wpos > word_bytes || (bpos >> 3) > bit_bytes)
-            break;
-        if (f.elem == 2) {
-            FD_STEP(s0, i, 2); FD_STEP(s1, i + 1, 2); FD_STEP(s2, i + 2, 2); FD_STEP(s3, i + 3, 2);
-        } else {
-            FD_STEP(s0, i, 4); FD_STEP(s1, i + 1, 4); FD_STEP(s2, i + 2, 4); FD_STEP(s3, i + 3, 4);
+    uint8_t cx[BLOCK], sym[BLOCK];
+    for (size_t i = 0; i < n;) {
+        size_t bn = n - i < BLOCK ? n - i : BLOCK, k;
+        const uint8_t *bb = base + i * (size_t)f.elem;
+        uint8_t *ob = out + i * (size_t)f.elem;
+        /* 1. contexts */
+        uint8_t lacking = 0;
+        if (f.elem == 2)
+            for (k = 0; k < bn; k++)
+                lacking |= cx[k] = ctx_of[(load_elem(bb, k, 2) >> mant) & emask];
+        else
+            for (k = 0; k < bn; k++)
+                lacking |= cx[k] = ctx_of[(load_elem(bb, k, 4) >> mant) & emask];
+        if (lacking & 0x80) { /* some element's context has no table (0xff) */
+            for (k = 0; k < bn; k++)
+                if (cx[k] == 0xff) { err = "a context the table does not have"; goto done; }
         }
+        /* 2. symbols */
+        for (k = 0; k + LANES <= bn; k += LANES) {
+            if (wpos > word_bytes)
+                break;
+            SYM_STEP(s0, k); SYM_STEP(s1, k + 1); SYM_STEP(s2, k + 2); SYM_STEP(s3, k + 3);
+        }
+        if (k < bn && k + LANES > bn && wpos <= word_bytes) { /* the last 1-3 elements of the piece */
+            SYM_STEP(s0, k);
+            if (k + 1 < bn) SYM_STEP(s1, k + 1);
+            if (k + 2 < bn) SYM_STEP(s2, k + 2);
+            k = bn;
+        }
+        if (k < bn || wpos > word_bytes) { err = "rANS words run out"; goto done; }
+        /* 3. raw bits, all of the block's checked to lie in the stream first */
+        uint64_t take = 0;
+        for (k = 0; k < bn; k++)
+            take += (uint64_t)(sym[k] - (sym[k] > 0));
+        if (bpos + take > 8 * (uint64_t)bit_bytes) { err = "raw bits run out"; goto done; }
+        for (k = 0; k < bn; k++) {
+            int s = sym[k], nb = s - (s > 0);
+            uint64_t win = get64(bits + (bpos >> 3)) >> (bpos & 7);
+            uint32_t z = lead[s] | (uint32_t)(win & ((1ull << nb) - 1));
+            bpos += (size_t)nb;
+            uint32_t d = (z >> 1) ^ (0u - (z & 1));
+            if (f.elem == 2)
+                store_elem(ob, k, 2, (load_elem(bb, k, 2) + d) & wmask);
+            else
+                store_elem(ob, k, 4, load_elem(bb, k, 4) + d);
+        }
+        i += bn;
     }
-    if (i < n && i + LANES > n && wpos <= word_bytes && (bpos >> 3) <= bit_bytes) {
-        FD_STEP(s0, i, f.elem);
-        if (i + 1 < n) FD_STEP(s1, i + 1, f.elem);
-        if (i + 2 < n) FD_STEP(s2, i + 2, f.elem);
-        i = n;
-    }
-#undef FD_STEP
-    if (i < n || wpos > word_bytes) { err = "rANS words run out"; goto done; }
-    if (bpos > 8 * (uint64_t)bit_bytes) { err = "raw bits run out"; goto done; }
+#undef SYM_STEP
     if (wpos != word_bytes || bit_bytes != (bpos + 63) / 64 * 8) { err = "streams not used up"; goto done; }
     if (bpos % 64 && get64(bits + bpos / 64 * 8) >> (bpos % 64)) { err = "streams not used up"; goto done; }
     if (s0 != RANS_L || s1 != RANS_L || s2 != RANS_L || s3 != RANS_L) {
@@ -161,7 +186,7 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
         goto done;
     }
 done:
-    free(tab);
+    free(slots);
     free(streams);
     return err;
 }

@@ -1,0 +1,28 @@
+"""tools/bench/fdelta_decode.py: both arms decode in their own processes (the second from
+another source tree given by --code), the table has a row per arm and format, and bad
+arguments are one-line errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.bench.docs import REPO
+from tools.bench.fdelta_decode import main
+
+
+def test_two_arms_make_a_row_per_arm_and_format(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--elements", "5000", "--reps", "2", "--timings", "2", "--code", str(REPO)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {REPO} |")]
+    assert [r.split(" | ")[1] for r in rows] == ["bf16", "f32", "bf16", "f32"]
+    for r in rows:
+        speeds = r.split(" | ")[3].split(" / ")
+        assert len(speeds) == 2 and all(float(v) > 0 for v in speeds)
+
+
+def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--reps", "0"])
+    with pytest.raises(SystemExit):
+        main(["--code", str(tmp_path)])
+    assert "no cowfs/ there" in capsys.readouterr().err

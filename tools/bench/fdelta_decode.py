@@ -1,0 +1,94 @@
+"""`python -m tools.bench.fdelta_decode`: how fast codec 4 (fdelta) decodes, one core.
+
+    python -m tools.bench.fdelta_decode [--elements N] [--reps R] [--code DIR ...]
+
+A weight that moved by one optimizer step (normal(0, 0.02), a step of normal(0, 1e-4)) in
+bf16 and f32, encoded once; each arm then decodes it `--timings` times in its own process
+and keeps the median. `--code DIR` adds an arm that runs another source tree's build (a
+worktree of another commit with its extension built in place): the arms alternate, `--reps`
+times, and the table gives each arm's MB/s of decoded bytes and its ratio to the first arm
+in the same repetition.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from .docs import REPO
+
+FORMATS = {"bf16": (2, 7, 8), "f32": (4, 23, 8)}
+
+ARM = r"""
+import json, sys, time
+import numpy as np
+from cowfs import _native
+n, timings, formats = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+rng = np.random.default_rng(3)
+newer = rng.normal(0, 0.02, n).astype(np.float32)
+older = newer + rng.normal(0, 1e-4, n).astype(np.float32)
+out = {}
+for name, (elem, mant, ebits) in formats.items():
+    if elem == 2:
+        raw, base = ((a.view(np.uint32) >> 16).astype(np.uint16).tobytes() for a in (older, newer))
+    else:
+        raw, base = older.tobytes(), newer.tobytes()
+    payload = _native.fdelta_encode(raw, base, elem, mant, ebits, 1 << 40)
+    dest = bytearray(len(raw))
+    seconds = []
+    for _ in range(timings):
+        t = time.perf_counter()
+        _native.fdelta_decode(payload, base, dest)
+        seconds.append(time.perf_counter() - t)
+    if dest != raw:
+        raise SystemExit(f"{name}: the decode differs from the raw bytes")
+    out[name] = {"mb_s": len(raw) / sorted(seconds)[len(seconds) // 2] / 1e6, "ratio": len(payload) / len(raw)}
+print(json.dumps(out))
+"""
+
+
+def run_arm(code: Path, elements: int, timings: int) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    r = subprocess.run([sys.executable, "-c", ARM, str(elements), str(timings), json.dumps(FORMATS)],
+                       capture_output=True, text=True, env=env, cwd=code)
+    if r.returncode != 0:
+        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["(no output)"]
+        raise SystemExit(f"fdelta_decode: the arm in {code} failed: {tail[0]}")
+    return json.loads(r.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.fdelta_decode", description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=1 << 21, help="elements per piece (default 2 Mi)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every arm, alternating")
+    ap.add_argument("--timings", type=int, default=15, help="decodes per arm and format (the median is kept)")
+    ap.add_argument("--code", type=Path, action="append", default=[], help="another source tree to compare")
+    args = ap.parse_args(argv)
+    if args.elements < 1 or args.reps < 1 or args.timings < 1:
+        ap.error("--elements, --reps and --timings must be at least 1")
+    arms = [REPO, *(c.resolve() for c in args.code)]
+    for c in arms[1:]:
+        if not (c / "cowfs").is_dir():
+            ap.error(f"--code {c}: no cowfs/ there")
+    runs: list[list[dict[str, dict[str, float]]]] = [[] for _ in arms]  # per arm (the same tree may come twice)
+    for _ in range(args.reps):
+        for arm, mine in zip(arms, runs):
+            mine.append(run_arm(arm, args.elements, args.timings))
+    print(f"fdelta decode, {args.elements} elements, median of {args.timings} decodes, {args.reps} reps per arm\n")
+    print("| arm | format | stored / raw | MB/s (each rep) | median | vs the first arm (each rep) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for arm, mine in zip(arms, runs):
+        for name in FORMATS:
+            speeds = [r[name]["mb_s"] for r in mine]
+            ratios = [r[name]["mb_s"] / first[name]["mb_s"] for r, first in zip(mine, runs[0])]
+            print(f"| {arm} | {name} | {mine[0][name]['ratio']:.3f} | {' / '.join(f'{v:.0f}' for v in speeds)} | "
+                  f"{statistics.median(speeds):.0f} | {' / '.join(f'{v:.2f}' for v in ratios)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
