@@ -163,7 +163,10 @@ async def _watch(stream: trio.SocketStream, ops: Any, path: Any) -> None:
         except trio.ClosedResourceError:
             pass
 
-    unsubscribe = ops.store.events.subscribe(deliver)
+    # the store's changes, and on a node's own mount of the job's namespace (union_ops.py) the
+    # other stores' changes where it shows them
+    buses = [ops.store.events, *([ops.peer_events] if hasattr(ops, "peer_events") else [])]
+    unsubscribes = [bus.subscribe(deliver) for bus in buses]
     try:
         await _send(stream, {"ok": True, "result": {"watching": path or "/"}})
         async with trio.open_nursery() as nursery:
@@ -182,7 +185,8 @@ async def _watch(stream: trio.SocketStream, ops: Any, path: Any) -> None:
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
-        unsubscribe()
+        for unsubscribe in unsubscribes:
+            unsubscribe()
         send.close()
 
 

@@ -40,11 +40,13 @@ from ..remote.merge import NAMESPACE_UUID
 from ..remote.replica import Replica
 from ..remote.union_source import UnionSource
 from ..store import Attr, Store
+from ..store.catalog.events import SNAPSHOT, SNAPSHOT_DELETE, Event, EventBus
 from ..store.catalog.schema import ROOT_INO
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig
 from .dispatch import in_thread, translate_errors, wait_future
 from .handles import OpenFile
 from .operations import CowfsOperations
+from .replica_changes import events_between
 from .union_clash import PeerWins
 from .views import LIVE_VIEW, SNAPDIR_INO, View, ViewTable
 
@@ -66,6 +68,7 @@ class UnionOperations(CowfsOperations):
         self.wins = peers.wins
         self.peer_view: View = self.views.reserve(PEERS_VIEW)
         self._redirect: dict[int, int] = {}  # a peer file's FUSE inode -> the store's file written over it
+        self.peer_events = EventBus()  # the peers' changes as this mount shows them (`cowfs watch` hears both)
 
     # -- where a path is ------------------------------------------------------------------
 
@@ -381,6 +384,19 @@ class UnionOperations(CowfsOperations):
 
     # -- the peers' steps -----------------------------------------------------------------------
 
+    def _shown_events(self, changes: Changes) -> list[Event]:
+        """(worker thread, after `_stale` applied the clash rule) The watch events of a peers'
+        step at the paths where this mount shows the peers' entry: the store holds nothing
+        there, or a directory (they merge), or a peer's later change wins there."""
+        def shown(path: str | None) -> bool:
+            if path is None:
+                return False
+            own = self._at(self.store, path)
+            return own is None or own.is_dir or path in self.wins
+
+        return [e for e in events_between(self.peers, changes)
+                if e.kind not in (SNAPSHOT, SNAPSHOT_DELETE) and (shown(e.path) or shown(e.old_path))]
+
     def _stale(self, changes: Changes) -> tuple[list[tuple[int, bytes]], list[int]]:
         """(worker thread) The clash rule applied at the paths a peers' step changed, and the
         kernel's entries and inodes it made stale."""
@@ -405,8 +421,10 @@ class UnionOperations(CowfsOperations):
         return entries, [ViewTable.encode(self.peer_view, ino) for ino in changes.inos]
 
     async def peers_changed(self, changes: Changes) -> None:
-        """Drop what the kernel caches of what a peers' step changed."""
+        """Drop what the kernel caches of what a peers' step changed, and tell `cowfs watch`."""
         entries, inodes = await in_thread(self._stale, changes)
+        if self.peer_events.active:
+            self.peer_events.publish(await in_thread(self._shown_events, changes))
         for parent, name in entries:
             pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
 

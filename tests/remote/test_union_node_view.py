@@ -8,12 +8,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
+import time
 from pathlib import Path
 
 import pytest
 
 from cowfs.plugins.get import is_memfd, open_read
-from tests.support.consumerutil import has_bytes, wait_for
+from tests.support.consumerutil import Watch, has_bytes, wait_for
 from tests.support.mountutil import cowfs, mounted
 from tests.support.storeutil import assert_clean, data, new_store
 
@@ -101,6 +103,38 @@ def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_b
         assert cowfs("cat", str(n1), f"/{step}/__0_0.distcp").stdout == expect  # in the store itself
         wait_for("n1's later copy on n0 too", lambda: has_bytes(n0 / step / "__0_0.distcp", expect))
         assert cowfs("cat", str(n0), f"/{step}/__0_0.distcp").stdout == data(MIB, 7)  # n0's own, shadowed
+    for p in stores:
+        assert_clean(p)
+
+
+def test_a_nodes_watch_reports_the_other_nodes_changes_too(tmp_path, rgw, s3_bucket):
+    url = f"s3://{s3_bucket.name}/job"
+    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
+    for p in stores:
+        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
+        cowfs("remote", "push", str(p))
+    with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
+            mounted(stores[1], tmp_path / "n1", "--all-stores") as n1, Watch(n0) as events:
+        (n0 / "mine.bin").write_bytes(data(MIB, 1))  # the store's own change, as before
+        (n1 / "step-1").mkdir()
+        (n1 / "step-1" / "__1_0.distcp").write_bytes(data(MIB, 2))  # the other node's
+
+        def seen(kind: str, path: str) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    e = events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if (e["kind"], e.get("path")) == (kind, path):
+                    return
+            raise AssertionError(f"n0's watch never reported {kind} {path}")
+
+        seen("version", "/mine.bin")
+        seen("version", "/step-1/__1_0.distcp")
+        assert has_bytes(n0 / "step-1" / "__1_0.distcp", data(MIB, 2))
+        (n1 / "step-1" / "__1_0.distcp").unlink()
+        seen("remove", "/step-1/__1_0.distcp")
     for p in stores:
         assert_clean(p)
 
