@@ -50,6 +50,30 @@ def test_background_saves_commit_in_order(store_path: Path, tmp_path: Path) -> N
         assert len(versions) == 5, versions
 
 
+@pytest.mark.parametrize("cpus, parts", [(2, 1), (16, 5)])
+def test_a_background_save_overlaps_its_parts_only_with_cpus_to_spare(store_path: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      cpus: int, parts: int) -> None:
+    """With fewer than OVERLAP_CPUS the daemon's work would take the caller's CPU: the save goes
+    in one part after the copy; with more, each part goes as it fills."""
+    import cowfs.plugins.background as background
+
+    monkeypatch.setattr(background, "_cpus", lambda: cpus)
+    monkeypatch.setattr("cowfs.plugins.put.PART_BYTES", 1 << 20)
+    sent: list[bool] = []
+    real = PutStream._ship
+
+    def counted(self: PutStream, more: bool) -> None:
+        sent.append(more)
+        real(self, more)
+
+    monkeypatch.setattr(PutStream, "_ship", counted)
+    blob = os.urandom((4 << 20) + 5)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        assert BackgroundPuts().submit(mnt / "f.bin", lambda f: f.write(blob)).result(timeout=120) is True
+        assert len(sent) == parts and (mnt / "f.bin").read_bytes() == blob
+
+
 def test_background_saves_wait_for_memory(store_path: Path, tmp_path: Path) -> None:
     with mounted(store_path, tmp_path / "m") as mnt:
         puts = BackgroundPuts(limit=1)  # any save in flight fills the bound
