@@ -58,6 +58,7 @@ WHOLE_MIN_BYTES = 1 << 20  # ... but not before they add up to this (an empty de
 MAX_DELTAS = 64  # ... or this many (a consumer starting from a whole catalog applies at most these)
 CATALOG_LEVEL = 3  # zstd level of catalog objects
 MAX_RUN = 8 << 20  # bytes read from a segment at once
+HEAD_ABOVE = PART_SIZE  # a pack larger than this is looked for (HEAD) before its PUT; a smaller one is PUT at once
 SETTLE_ROUNDS = 5  # looks at gc/ before (and after) the catalog's PUT that may each upload again
 
 
@@ -374,7 +375,10 @@ class _Uploader:
 def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, report: PushReport) -> None:
     name, data, index = builder.finish(avoid=state.doomed_packs())
     key = pack_key(bucket, name)
-    if not bucket.exists(key):  # another store (or a pass cut short) put these bytes already
+    # A pack another store (or a pass cut short) put already is not sent again when it is
+    # large. A small one is PUT without that HEAD: the same bytes under the same name again,
+    # which only renews its LastModified, and a sweep keeps a pack PUT again since its mark.
+    if builder.size <= HEAD_ABOVE or not bucket.exists(key):
         bucket.put(key, data)
     bucket.put(index_key(bucket, name), index)
     state.add_pack(name, builder.size, builder.entries, mine=True)

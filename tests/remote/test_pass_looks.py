@@ -126,3 +126,26 @@ def test_after_a_failed_pass_or_a_lost_index_the_next_pass_lists_packs(tmp_path,
 
 def bucket_keys(bucket: Bucket, part: str) -> list[str]:
     return sorted(o.key for o in Bucket.list(bucket, bucket.key(part, "")))
+
+
+def test_a_small_pack_goes_up_without_a_head_and_a_large_one_is_looked_for_first(tmp_path, rgw, s3_bucket,
+                                                                                   monkeypatch):
+    heads: list[str] = []
+    real = Bucket.exists
+
+    def counting(self, key):  # type: ignore[no-untyped-def]
+        heads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(Bucket, "exists", counting)
+    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    with s:
+        s.write_file("/run/a.bin", data(1 << 20, 1))
+        assert tier_of(s).push().packs == 1
+        assert not [k for k in heads if "/packs/" in k]
+        big = data(upload.HEAD_ABOVE + (1 << 20), 2)
+        s.write_file("/run/b.bin", big)
+        assert tier_of(s).push().packs == 1
+        assert len([k for k in heads if "/packs/" in k]) == 1
+        assert read_back(cfg, s.config.store_uuid, tmp_path) == {"/run/a.bin": data(1 << 20, 1), "/run/b.bin": big}
+    assert_clean(s.root)
