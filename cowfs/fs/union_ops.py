@@ -221,16 +221,18 @@ class UnionOperations(CowfsOperations):
         head, _, name = path.rpartition("/")
         parent = self._copy_up(head or "/")
         theirs = self.peers.getattr(peer_ino)
-        try:
-            return self.store.create(parent, os.fsencode(name), stat.S_IMODE(theirs.mode), theirs.uid, theirs.gid)
+        try:  # not durable: the copy's commit (or the close's, with O_TRUNC) makes it so
+            return self.store.create(parent, os.fsencode(name), stat.S_IMODE(theirs.mode), theirs.uid, theirs.gid,
+                                     durable=False)
         except Exists:  # made meanwhile: the store's own wins
             return self.store.lookup(parent, os.fsencode(name))
 
     async def _write_over(self, inode: int, peer_ino: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Open a peer's file for writing: the store gets its own file at that path (without
-        O_TRUNC, holding the peer's bytes first: a copy-up) and this handle writes it; the
-        kernel's inode stays the peer's until it looks the name up again, so its attributes
-        and changes are the store file's meanwhile (`_redirect`)."""
+        O_TRUNC, holding the peer's bytes first: a copy-up, committed before the open returns,
+        so that a crash while this handle writes leaves the file as it showed, not empty) and
+        this handle writes it; the kernel's inode stays the peer's until it looks the name up
+        again, so its attributes and changes are the store file's meanwhile (`_redirect`)."""
         path = await in_thread(self._path, self.peers, peer_ino)
         own = await in_thread(self._own_file, path, peer_ino)
         truncate = bool(flags & os.O_TRUNC)
@@ -238,6 +240,7 @@ class UnionOperations(CowfsOperations):
         self._redirect[inode] = own.ino
         if not truncate and own.size == 0:
             await self._copy_bytes(f, peer_ino)
+            await self._commit(f)
         await in_thread(self._invalidate_path, path)
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True)
 

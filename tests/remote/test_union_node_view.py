@@ -16,7 +16,7 @@ import pytest
 
 from cowfs.plugins.get import is_memfd, open_read
 from tests.support.consumerutil import Watch, has_bytes, wait_for
-from tests.support.mountutil import cowfs, mounted
+from tests.support.mountutil import cowfs, kill9, mounted
 from tests.support.storeutil import assert_clean, data, new_store
 
 MIB = 1 << 20
@@ -135,6 +135,34 @@ def test_a_nodes_watch_reports_the_other_nodes_changes_too(tmp_path, rgw, s3_buc
         assert has_bytes(n0 / "step-1" / "__1_0.distcp", data(MIB, 2))
         (n1 / "step-1" / "__1_0.distcp").unlink()
         seen("remove", "/step-1/__1_0.distcp")
+    for p in stores:
+        assert_clean(p)
+
+
+def test_a_write_over_the_other_nodes_file_cut_short_by_a_crash_leaves_what_showed(tmp_path, rgw, s3_bucket):
+    """Killed while a handle writes over the other node's file (no O_TRUNC): the node's own
+    copy, committed at the open, shows the other's bytes, never an empty file."""
+    url = f"s3://{s3_bucket.name}/job"
+    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
+    for p in stores:
+        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
+        cowfs("remote", "push", str(p))
+    with mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
+        (n1 / "f.bin").write_bytes(data(MIB, 3))
+        with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0:
+            wait_for("n1's file on n0", lambda: has_bytes(n0 / "f.bin", data(MIB, 3)))
+            fd = os.open(n0 / "f.bin", os.O_WRONLY)
+            try:
+                os.pwrite(fd, b"half a write", 100)
+                kill9(stores[0], n0)
+            finally:
+                try:
+                    os.close(fd)
+                except OSError:  # the daemon is gone
+                    pass
+        assert cowfs("cat", str(stores[0]), "/f.bin").stdout == data(MIB, 3)  # the store's own copy
+        with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0:
+            assert (n0 / "f.bin").read_bytes() == data(MIB, 3)
     for p in stores:
         assert_clean(p)
 
