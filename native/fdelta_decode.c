@@ -2,12 +2,14 @@
  * GIL released.
  *
  * Elements are decoded a block of BLOCK at a time, in three passes over the block:
- *   1. each element's context, from its base element's exponent (a context the payload has
- *      no table for fails the decode here);
+ *   1. each element's context, from its base element's exponent (arithmetic the compiler
+ *      vectorises);
  *   2. the four rANS lanes, unrolled, alone: each element's symbol (its bit length). A step
  *      is one load from its context's slot table (symbol, frequency and bias packed in a
- *      word), a multiply and the renormalisation;
- *   3. the raw bits below each leading one, and the elements written.
+ *      word), a multiply and the renormalisation. The slots of a context the payload has
+ *      no table for all hold NO_TABLE, a symbol no table has;
+ *   3. the block's symbols summed (and checked for NO_TABLE), then the raw bits below each
+ *      leading one, and the elements written.
  * In one pass, as before, every element's raw bits waited for its symbol (their place is
  * the sum of the bit lengths before it) and so chained the four lanes together; the slot
  * table replaced a search whose steps the branch predictor could not guess
@@ -29,6 +31,7 @@
 #define SLOT_FREQ(e) ((e) & 0x1fffu)
 #define SLOT_BIAS(e) (((e) >> 13) & 0xfffu)
 #define SLOT_SYM(e) ((e) >> 25)
+#define NO_TABLE 63u /* the symbol of every slot of a context without a table (no symbol is above 32) */
 
 /* Read the table rows into `slots` (PROB_SCALE entries per context, rows the payload has)
  * and `valid`; returns where they end, or NULL with *err set. */
@@ -86,8 +89,8 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     uint8_t valid[EBUCKETS] = {0};
     const char *err = NULL;
     uint8_t *streams = NULL;
-    uint32_t *slots = used ? malloc((size_t)nctx * PROB_SCALE * sizeof(uint32_t)) : NULL;
-    if (used && !slots)
+    uint32_t *slots = malloc((size_t)nctx * PROB_SCALE * sizeof(uint32_t));
+    if (!slots)
         return "out of memory";
     const uint8_t *q = read_tables(p + HEADER, p + len, used, &f, nctx, slots, valid, &err);
     if (!q)
@@ -105,17 +108,17 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
     memset(words + word_bytes, 0, STREAM_PAD);
     memcpy(bits, q + word_bytes, bit_bytes);
     memset(bits + bit_bytes, 0, STREAM_PAD);
-    /* each exponent's context, 0xff where the payload has no table for it */
-    uint8_t ctx_of[1 << 11];
-    for (int e = 0; e < (1 << f.ebits); e++) {
-        int b = e - f.elo, c = (b < 0 ? 0 : (b >= EBUCKETS ? EBUCKETS - 1 : b)) >> f.bshift;
-        ctx_of[e] = valid[c] ? (uint8_t)c : 0xff;
-    }
+    /* a context the payload has no table for decodes every element to NO_TABLE, which no
+     * table has: found when the block's symbols are summed, before any raw bit is read */
+    for (int c = 0; c < nctx; c++)
+        if (!valid[c])
+            for (uint32_t j = 0; j < PROB_SCALE; j++)
+                slots[(size_t)c * PROB_SCALE + j] = SLOT_ENTRY(1u, 0u, NO_TABLE);
     uint32_t lead[MAX_SYMS + 1] = {0}; /* a symbol's leading one (symbols above W never decode) */
     for (int s = 1; s <= 32; s++)
         lead[s] = 1u << (s - 1);
     const uint32_t emask = (1u << f.ebits) - 1, wmask = f.elem == 2 ? 0xffffu : 0xffffffffu;
-    const int mant = f.mant;
+    const int mant = f.mant, elo = f.elo, bshift = f.bshift;
     size_t wpos = 0, bpos = 0; /* bytes of words, bits of raw bits taken */
     uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
 
@@ -135,18 +138,18 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
         size_t bn = n - i < BLOCK ? n - i : BLOCK, k;
         const uint8_t *bb = base + i * (size_t)f.elem;
         uint8_t *ob = out + i * (size_t)f.elem;
-        /* 1. contexts */
-        uint8_t lacking = 0;
+        /* 1. contexts: the base element's exponent bucket (clamped to 0..EBUCKETS - 1),
+         * merged 2^bshift at a time; plain arithmetic, which the compiler vectorises */
         if (f.elem == 2)
-            for (k = 0; k < bn; k++)
-                lacking |= cx[k] = ctx_of[(load_elem(bb, k, 2) >> mant) & emask];
+            for (k = 0; k < bn; k++) {
+                int b = (int)((load_elem(bb, k, 2) >> mant) & emask) - elo;
+                cx[k] = (uint8_t)((b < 0 ? 0 : (b > EBUCKETS - 1 ? EBUCKETS - 1 : b)) >> bshift);
+            }
         else
-            for (k = 0; k < bn; k++)
-                lacking |= cx[k] = ctx_of[(load_elem(bb, k, 4) >> mant) & emask];
-        if (lacking & 0x80) { /* some element's context has no table (0xff) */
-            for (k = 0; k < bn; k++)
-                if (cx[k] == 0xff) { err = "a context the table does not have"; goto done; }
-        }
+            for (k = 0; k < bn; k++) {
+                int b = (int)((load_elem(bb, k, 4) >> mant) & emask) - elo;
+                cx[k] = (uint8_t)((b < 0 ? 0 : (b > EBUCKETS - 1 ? EBUCKETS - 1 : b)) >> bshift);
+            }
         /* 2. symbols */
         for (k = 0; k + LANES <= bn; k += LANES) {
             if (wpos > word_bytes)
@@ -159,11 +162,18 @@ const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t
             if (k + 2 < bn) SYM_STEP(s2, k + 2);
             k = bn;
         }
-        if (k < bn || wpos > word_bytes) { err = "rANS words run out"; goto done; }
+        if (k < bn || wpos > word_bytes) { /* what went wrong first: a context without a table? */
+            err = memchr(sym, NO_TABLE, k) ? "a context the table does not have" : "rANS words run out";
+            goto done;
+        }
         /* 3. raw bits, all of the block's checked to lie in the stream first */
         uint64_t take = 0;
-        for (k = 0; k < bn; k++)
+        uint8_t top = 0;
+        for (k = 0; k < bn; k++) {
             take += (uint64_t)(sym[k] - (sym[k] > 0));
+            top = sym[k] > top ? sym[k] : top;
+        }
+        if (top == NO_TABLE) { err = "a context the table does not have"; goto done; }
         if (bpos + take > 8 * (uint64_t)bit_bytes) { err = "raw bits run out"; goto done; }
         for (k = 0; k < bn; k++) {
             int s = sym[k], nb = s - (s > 0);

@@ -156,6 +156,49 @@ def test_the_limit_gives_none_and_bad_arguments_are_refused() -> None:
         _native.fdelta_decode(payload, base[:-2], bytearray(len(base) - 2))
 
 
+def missing_context_element(payload: bytes) -> bytes:
+    """An element whose exponent bucket falls in a context the payload has no table for."""
+    elem, mant, ebits, elo, bshift = payload[:5]
+    used = struct.unpack_from("<H", payload, 17)[0]
+    pos, contexts = 19, set()
+    for _ in range(used):
+        ctx, k = struct.unpack_from("<HB", payload, pos)
+        contexts.add(ctx)
+        pos += 3 + 3 * k
+    for b in range(EBUCKETS):
+        if b >> bshift not in contexts and elo + b < 1 << ebits:
+            return ((elo + b) << mant).to_bytes(elem, "little")
+    raise AssertionError(f"every context has a table: {sorted(contexts)} (bshift {bshift})")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("at", [0, 2047, 2048, 5999])  # the first block, its end, the next block, the last element
+def test_a_base_element_whose_context_has_no_table_is_refused(fmt: str, at: int) -> None:
+    """A base element in an exponent bucket the tables lack (a base other than the encoder's):
+    the reference decoder finds no table for it, and the native one refuses the payload."""
+    rng = np.random.default_rng(4)  # small weights that stayed, large ones that moved a lot:
+    n = 6000                         # two exponent clusters, each with its own table, none between
+    newer = np.concatenate([np.full(n // 2, 0.001, np.float32), np.full(n // 2, 1.5, np.float32)])
+    newer *= 1 + rng.normal(0, 0.01, n).astype(np.float32)
+    older = newer.copy()
+    older[n // 2:] += rng.normal(0, 0.5, n // 2).astype(np.float32)
+    if fmt == "f32":
+        raw, base = older.tobytes(), newer.tobytes()
+    elif fmt == "f16":
+        raw, base = older.astype(np.float16).tobytes(), newer.astype(np.float16).tobytes()
+    else:
+        raw, base = ((older.view(np.uint32) >> 16).astype(np.uint16).tobytes(),
+                     (newer.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+    payload = encode(raw, base, fmt)
+    assert payload is not None
+    elem = FORMATS[fmt][0]
+    bad = base[:at * elem] + missing_context_element(payload) + base[(at + 1) * elem:]
+    with pytest.raises(KeyError):
+        reference_decode(payload, bad)
+    with pytest.raises(ValueError, match="context the table does not have"):
+        decode(payload, bad)
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_damaged_payloads_are_refused_or_decode_to_other_bytes(fmt: str) -> None:
     """Every truncation and many byte flips: a ValueError, or (a flip the format cannot
