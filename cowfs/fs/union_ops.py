@@ -215,17 +215,26 @@ class UnionOperations(CowfsOperations):
 
     # -- writing over a peer's file: the store's own file at its path from then on ----------
 
-    def _own_file(self, path: str, peer_ino: int) -> Attr:
+    def _own_file(self, path: str, peer_ino: int) -> tuple[Attr, bool]:
         """(worker thread) The store's file at `path` (a peer's file there): made with the
-        peer file's mode and owner, in its directory made first."""
+        peer file's mode and owner, in its directory made first; and whether it was made here."""
         head, _, name = path.rpartition("/")
         parent = self._copy_up(head or "/")
         theirs = self.peers.getattr(peer_ino)
         try:  # not durable: the copy's commit (or the close's, with O_TRUNC) makes it so
             return self.store.create(parent, os.fsencode(name), stat.S_IMODE(theirs.mode), theirs.uid, theirs.gid,
-                                     durable=False)
+                                     durable=False), True
         except Exists:  # made meanwhile: the store's own wins
-            return self.store.lookup(parent, os.fsencode(name))
+            return self.store.lookup(parent, os.fsencode(name)), False
+
+    def _drop_own_file(self, path: str, ino: int) -> None:
+        """(worker thread) Remove the store's file at `path` made by a write-over whose open
+        failed, if the name still names it (the peer's file shows there again)."""
+        head, _, name = path.rpartition("/")
+        parent = self._at(self.store, head or "/")
+        own = self._at(self.store, path)
+        if parent is not None and own is not None and own.ino == ino:
+            self.store.unlink(parent.ino, os.fsencode(name))
 
     async def _write_over(self, inode: int, peer_ino: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Open a peer's file for writing: the store gets its own file at that path (without
@@ -234,13 +243,21 @@ class UnionOperations(CowfsOperations):
         this handle writes it; the kernel's inode stays the peer's until it looks the name up
         again, so its attributes and changes are the store file's meanwhile (`_redirect`)."""
         path = await in_thread(self._path, self.peers, peer_ino)
-        own = await in_thread(self._own_file, path, peer_ino)
+        own, made = await in_thread(self._own_file, path, peer_ino)
         truncate = bool(flags & os.O_TRUNC)
         f = await self._open_writer(inode, own.ino, truncate, ctx.pid)
         self._redirect[inode] = own.ino
         if not truncate and own.size == 0:
-            await self._copy_bytes(f, peer_ino)
-            await self._commit(f)
+            try:
+                await self._copy_bytes(f, peer_ino)
+                await self._commit(f)
+            except Exception as e:  # the open fails and changes nothing: no partial copy, no handle, no file
+                self._session_failed(f, e, "copy-up")
+                await self.release(f.fh)
+                self._redirect.pop(inode, None)
+                if made:
+                    await in_thread(self._drop_own_file, path, own.ino)
+                raise
         await in_thread(self._invalidate_path, path)
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True)
 

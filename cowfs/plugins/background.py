@@ -34,8 +34,9 @@ def overlapping_parts() -> bool:
     """Whether a background save sends its parts as they fill, so the daemon cuts and hashes
     one while the caller copies the next. The caller's copy takes a CPU and the daemon's
     work on a part up to two more: with fewer than OVERLAP_CPUS they share one, and the
-    caller waits longer (on 2 CPUs, 256 MiB: 0.22 s against 0.17 s with the save sent whole
-    after the copy, which was durable no later: docs/benchmarks.md, "Plug-ins")."""
+    caller waits longer (on 2 CPUs, 256 MiB: 0.22-0.23 s against 0.17-0.19 s with the save
+    sent whole after the copy, which was durable no later: docs/benchmarks.md, "The stall,
+    taken apart")."""
     return _cpus() >= OVERLAP_CPUS
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from cowfs.plugins.get import is_memfd, open_read
+from cowfs.remote.config import RemoteConfig
+from cowfs.remote.s3 import Bucket
 from tests.support.consumerutil import Watch, has_bytes, wait_for
 from tests.support.mountutil import cowfs, kill9, mounted
 from tests.support.storeutil import assert_clean, data, new_store
@@ -163,6 +165,36 @@ def test_a_write_over_the_other_nodes_file_cut_short_by_a_crash_leaves_what_show
         assert cowfs("cat", str(stores[0]), "/f.bin").stdout == data(MIB, 3)  # the store's own copy
         with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0:
             assert (n0 / "f.bin").read_bytes() == data(MIB, 3)
+    for p in stores:
+        assert_clean(p)
+
+
+def test_a_write_over_whose_copy_fails_changes_nothing(tmp_path, rgw, s3_bucket):
+    """The other node's bytes are damaged in the bucket: an open for writing over its file
+    (no O_TRUNC) fails with EIO and leaves no file, no handle and no copy behind; once the
+    other node writes the file again, the same open works."""
+    url = f"s3://{s3_bucket.name}/job"
+    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
+    for p in stores:
+        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
+        cowfs("remote", "push", str(p))
+    with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
+            mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
+        (n1 / "f.bin").write_bytes(data(MIB, 5))
+        wait_for("n1's file on n0", lambda: (n0 / "f.bin").exists())  # named, none of its bytes read
+        bucket = Bucket(RemoteConfig(url, endpoint=rgw.credentials.endpoint))
+        for obj in bucket.list(bucket.key("packs", "")):
+            bucket.put(obj.key, bytes(obj.size))  # every pack zeroed: the copy-up's reads fail their checks
+        for _ in range(2):  # the second open finds no handle or session left by the first
+            with pytest.raises(OSError) as e:
+                os.open(n0 / "f.bin", os.O_WRONLY)
+            assert e.value.errno == errno.EIO
+            assert b"f.bin" not in cowfs("ls", str(n0), "/").stdout  # no file of n0's own
+        (n1 / "f.bin").write_bytes(data(MIB, 6))
+        wait_for("n1's new version on n0", lambda: has_bytes(n0 / "f.bin", data(MIB, 6)))
+        with open(n0 / "f.bin", "r+b") as f:
+            f.write(b"n0")
+        assert cowfs("cat", str(n0), "/f.bin").stdout == b"n0" + data(MIB, 6)[2:]
     for p in stores:
         assert_clean(p)
 
