@@ -42,6 +42,14 @@ def listed(monkeypatch):  # type: ignore[no-untyped-def]
     return counts
 
 
+def clocked_store(tmp_path, rgw, s3_bucket):  # type: ignore[no-untyped-def]
+    """A store with a remote whose tier looks at the bucket on a clock the test moves."""
+    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    clock = Clock()
+    tier_of(s).looks = Looks(clock=clock)
+    return s, cfg, clock
+
+
 def push_file(s, name: str, blob: bytes, listed: Counter[str]) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """Write /run/NAME and push it; the LISTs the pass made."""
     s.write_file(f"/run/{name}", blob)
@@ -51,10 +59,8 @@ def push_file(s, name: str, blob: bytes, listed: Counter[str]) -> dict[str, int]
 
 
 def test_a_pass_right_after_another_lists_gc_twice_and_nothing_else(tmp_path, rgw, s3_bucket, listed):
-    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    s, cfg, clock = clocked_store(tmp_path, rgw, s3_bucket)
     with s:
-        clock = Clock()
-        tier_of(s).looks = Looks(clock=clock)
         # the tier's first pass: everything at the start; the look before the PUT is fresh
         assert push_file(s, "a.bin", data(1 << 20, 1), listed) == {"gc": 2, "index": 1, "packs": 1}
         assert push_file(s, "b.bin", data(1 << 20, 2), listed) == {"gc": 2}
@@ -68,10 +74,8 @@ def test_a_pass_right_after_another_lists_gc_twice_and_nothing_else(tmp_path, rg
 
 
 def test_a_long_pass_looks_again_before_its_put(tmp_path, rgw, s3_bucket, listed, monkeypatch):
-    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    s, cfg, clock = clocked_store(tmp_path, rgw, s3_bucket)
     with s:
-        clock = Clock()
-        tier_of(s).looks = Looks(clock=clock)
         push_file(s, "a.bin", data(1 << 20, 1), listed)
         real = upload._upload_pack
 
@@ -88,10 +92,8 @@ def test_a_long_pass_looks_again_before_its_put(tmp_path, rgw, s3_bucket, listed
 
 def test_after_a_failed_pass_or_a_lost_index_the_next_pass_lists_packs(tmp_path, rgw, s3_bucket, listed,
                                                                          monkeypatch):
-    s, cfg = one_store(tmp_path, rgw, s3_bucket)
+    s, cfg, clock = clocked_store(tmp_path, rgw, s3_bucket)
     with s:
-        clock = Clock()
-        tier_of(s).looks = Looks(clock=clock)
         push_file(s, "a.bin", data(1 << 20, 1), listed)
         real_put = Bucket.put
 

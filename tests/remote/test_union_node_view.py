@@ -35,13 +35,20 @@ def names(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir())
 
 
-@pytest.mark.long
-def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_bucket):
+def two_nodes(tmp_path: Path, rgw, s3_bucket) -> tuple[str, list[Path]]:  # type: ignore[no-untyped-def]
+    """Two stores whose remote is one job's prefix (with notices), both in the bucket before
+    either mounts; the prefix's URL and the stores."""
     url = f"s3://{s3_bucket.name}/job"
     stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
     for p in stores:
         cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
-        cowfs("remote", "push", str(p))  # both stores in the bucket before either mounts
+        cowfs("remote", "push", str(p))
+    return url, stores
+
+
+@pytest.mark.long
+def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_bucket):
+    _, stores = two_nodes(tmp_path, rgw, s3_bucket)
     with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
             mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
         step = Path("run1") / "step-1"
@@ -110,11 +117,7 @@ def test_each_node_reads_the_others_files_and_writes_its_own(tmp_path, rgw, s3_b
 
 
 def test_a_nodes_watch_reports_the_other_nodes_changes_too(tmp_path, rgw, s3_bucket):
-    url = f"s3://{s3_bucket.name}/job"
-    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
-    for p in stores:
-        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
-        cowfs("remote", "push", str(p))
+    _, stores = two_nodes(tmp_path, rgw, s3_bucket)
     with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
             mounted(stores[1], tmp_path / "n1", "--all-stores") as n1, Watch(n0) as events:
         (n0 / "mine.bin").write_bytes(data(MIB, 1))  # the store's own change, as before
@@ -144,11 +147,7 @@ def test_a_nodes_watch_reports_the_other_nodes_changes_too(tmp_path, rgw, s3_buc
 def test_a_write_over_the_other_nodes_file_cut_short_by_a_crash_leaves_what_showed(tmp_path, rgw, s3_bucket):
     """Killed while a handle writes over the other node's file (no O_TRUNC): the node's own
     copy, committed at the open, shows the other's bytes, never an empty file."""
-    url = f"s3://{s3_bucket.name}/job"
-    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
-    for p in stores:
-        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
-        cowfs("remote", "push", str(p))
+    _, stores = two_nodes(tmp_path, rgw, s3_bucket)
     with mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
         (n1 / "f.bin").write_bytes(data(MIB, 3))
         with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0:
@@ -173,11 +172,7 @@ def test_a_write_over_whose_copy_fails_changes_nothing(tmp_path, rgw, s3_bucket)
     """The other node's bytes are damaged in the bucket: an open for writing over its file
     (no O_TRUNC) fails with EIO and leaves no file, no handle and no copy behind; once the
     other node writes the file again, the same open works."""
-    url = f"s3://{s3_bucket.name}/job"
-    stores = [new_store(tmp_path / f"node{i}", segment_size=16 << 20) for i in range(2)]
-    for p in stores:
-        cowfs("remote", "set", str(p), url, "--endpoint", rgw.credentials.endpoint, "--notify", "127.0.0.1:0")
-        cowfs("remote", "push", str(p))
+    url, stores = two_nodes(tmp_path, rgw, s3_bucket)
     with mounted(stores[0], tmp_path / "n0", "--all-stores") as n0, \
             mounted(stores[1], tmp_path / "n1", "--all-stores") as n1:
         (n1 / "f.bin").write_bytes(data(MIB, 5))
