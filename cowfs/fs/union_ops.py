@@ -228,13 +228,11 @@ class UnionOperations(CowfsOperations):
             return self.store.lookup(parent, os.fsencode(name)), False
 
     def _drop_own_file(self, path: str, ino: int) -> None:
-        """(worker thread) Remove the store's file at `path` made by a write-over whose open
-        failed, if the name still names it (the peer's file shows there again)."""
+        """(worker thread) Remove the store's file `ino` a failed write-over made at `path`, if
+        the name still names it (the peer's file shows there again)."""
         head, _, name = path.rpartition("/")
-        parent = self._at(self.store, head or "/")
-        own = self._at(self.store, path)
-        if parent is not None and own is not None and own.ino == ino:
-            self.store.unlink(parent.ino, os.fsencode(name))
+        if (own := self._at(self.store, path)) is not None and own.ino == ino:
+            self.store.unlink(self.store.resolve(head or "/").ino, os.fsencode(name))
 
     async def _write_over(self, inode: int, peer_ino: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Open a peer's file for writing: the store gets its own file at that path (without
