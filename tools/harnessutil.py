@@ -37,6 +37,18 @@ def run_cowfs(*args: str, check: bool = True, timeout: float = 300, text: bool =
     return r
 
 
+def run_in_tree(code: Path, script: str, *args: str) -> str:
+    """`python -c SCRIPT ARGS` with the cowfs of source tree `code` (PYTHONPATH and working
+    directory; an A/B arm against another commit's worktree): its standard output.
+    SystemExit with the last line of its error output when it fails."""
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(code)}, cwd=code, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["(no output)"]
+        raise SystemExit(f"the arm in {code} failed: {tail[0]}")
+    return r.stdout
+
+
 def sha_file(path: Path) -> tuple[str, int]:
     """sha256 hex digest and length of a file, read in 1 MiB pieces."""
     h = hashlib.sha256()

@@ -9,6 +9,7 @@ import pytest
 
 from tools.bench.docs import REPO
 from tools.bench.fdelta_decode import main
+from tools.harnessutil import run_in_tree
 
 
 def test_two_arms_make_a_row_per_arm_and_format(capsys: pytest.CaptureFixture[str]) -> None:
@@ -26,3 +27,10 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["--code", str(tmp_path)])
     assert "no cowfs/ there" in capsys.readouterr().err
+
+
+def test_an_arm_runs_the_given_trees_cowfs_and_a_failing_one_is_one_line(tmp_path: Path) -> None:
+    assert run_in_tree(REPO, "import cowfs, sys; print(cowfs.__file__, sys.argv[1])", "x").split() == [
+        str(REPO / "cowfs" / "__init__.py"), "x"]
+    with pytest.raises(SystemExit, match=f"the arm in {tmp_path} failed: .*ZeroDivisionError"):
+        run_in_tree(tmp_path, "1 / 0")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from tools.harnessutil import run_in_tree
 
 from .docs import REPO
 
@@ -52,13 +52,7 @@ print(json.dumps(out))
 
 
 def run_arm(code: Path, elements: int, timings: int) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    r = subprocess.run([sys.executable, "-c", ARM, str(elements), str(timings), json.dumps(FORMATS)],
-                       capture_output=True, text=True, env=env, cwd=code)
-    if r.returncode != 0:
-        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"fdelta_decode: the arm in {code} failed: {tail[0]}")
-    return json.loads(r.stdout)
+    return json.loads(run_in_tree(code, ARM, str(elements), str(timings), json.dumps(FORMATS)))
 
 
 def main(argv: list[str] | None = None) -> int:

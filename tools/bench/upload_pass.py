@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tools.harnessutil import run_in_tree
+
 from .docs import REPO
 
 ARM = r"""
-import collections, json, os, sys, time
+import collections, json, os, subprocess, sys, time
 from pathlib import Path
 from cowfs.remote.config import RemoteConfig
 from cowfs.remote.tier import tier_of
@@ -32,7 +32,6 @@ from cowfs.store import ROOT_INO, Store
 work, endpoint, url, passes, mib = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 calls = collections.Counter()
 path = work / url.rsplit("/", 1)[1]
-import subprocess
 subprocess.run([sys.executable, "-m", "cowfs.cli", "init", str(path)], check=True, capture_output=True)
 out = {"wall": [], "cpu": [], "requests": []}
 with Store.open(path) as s:
@@ -57,13 +56,7 @@ print(json.dumps(out))
 def run_arm(code: Path, work: Path, endpoint: str, url: str, passes: int, mib: int) -> dict:
     """One arm in a process of its own: its store under `work`, its remote `url` (a prefix of
     its own: s3://BUCKET/NAME)."""
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    r = subprocess.run([sys.executable, "-c", ARM, str(work), endpoint, url, str(passes), str(mib)],
-                       capture_output=True, text=True, env=env, cwd=code)
-    if r.returncode != 0:
-        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"upload_pass: the arm in {code} failed: {tail[0]}")
-    return json.loads(r.stdout.splitlines()[-1])
+    return json.loads(run_in_tree(code, ARM, str(work), endpoint, url, str(passes), str(mib)).splitlines()[-1])
 
 
 def table(arms: list[tuple[Path, dict]]) -> str:
