@@ -454,6 +454,7 @@ static PyMethodDef native_methods[] = {
     /* floatcodec.c */
     {"fdelta_encode", fdelta_encode, METH_VARARGS, FDELTA_ENCODE_DOC},
     {"fdelta_decode", fdelta_decode, METH_VARARGS, FDELTA_DECODE_DOC},
+    {"fdelta_simd", fdelta_simd, METH_NOARGS, FDELTA_SIMD_DOC},
     {NULL, NULL, 0, NULL}
 };
 
@@ -468,7 +469,7 @@ PyDoc_STRVAR(module_doc,
 "(crc32_mismatch), and the BLAKE3-256 chunk ids of every span of a batch in one\n"
 "call (blake3_many; native/blake3_batch.c), and the write\n"
 "path's batches: FastCDC cuts with ids, and staged records (native/dataplane.c), and\n"
-"the context-modelled float delta codec (fdelta_encode, fdelta_decode; native/floatcodec.c).\n"
+"the context-modelled float delta codec (fdelta_encode, fdelta_decode, fdelta_simd; native/floatcodec.c).\n"
 "Linux only.");
 
 static struct PyModuleDef native_module = {

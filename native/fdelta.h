@@ -9,11 +9,11 @@
 #define PROB_BITS 12
 #define PROB_SCALE (1u << PROB_BITS)
 #define RANS_L (1u << 15) /* states in [2^15, 2^31): the encoder's reciprocals are exact there */
-#define LANES 4
+#define MAX_LANES 32 /* codec 4 interleaves 4 rANS states, codec 5 32 */
 #define EBUCKETS 16
 #define MAX_SYMS 33 /* bit lengths 0..32 */
 #define HEADER 19   /* elem, mant, ebits, e_lo, bshift, n, word bytes, bit bytes, contexts */
-#define STREAM_PAD 64 /* zero bytes after each stream in the decoder's copy */
+#define STREAM_PAD 128 /* zero bytes after each stream in the decoder's copy */
 
 typedef struct {
     int elem;  /* 2 or 4 */
@@ -65,13 +65,19 @@ static inline int bucket(uint32_t y, const fd_format *f)
 /* 0 for 0, without a branch: the lowest bit set below z keeps clz defined */
 static inline int bit_length(uint32_t z) { return 63 - __builtin_clzll((uint64_t)z << 1 | 1); }
 
-/* The payload (after the base id) of n elements of `raw` against `base`: its length, 0 when
- * it would exceed `limit`, -1 when out of memory. `out` holds fd_encode_bound(n, elem). */
-long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit);
+/* The payload (after the base id) of n elements of `raw` against `base`, with `lanes` (4 or
+ * 32) interleaved rANS states: its length, 0 when it would exceed `limit`, -1 when out of
+ * memory. `out` holds fd_encode_bound(n, elem). */
+long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, int lanes, uint8_t *out,
+                    size_t limit);
 size_t fd_encode_bound(size_t n, int elem);
 
-/* Decode a payload of `len` bytes against `base` into `out` (both `out_len` bytes): NULL,
- * or what is wrong with the payload (a static string). */
-const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t *out, size_t out_len);
+/* Decode a payload of `len` bytes, coded with `lanes` (4 or 32) states, against `base` into
+ * `out` (both `out_len` bytes): NULL, or what is wrong with the payload (a static string).
+ * `simd` 0: the plain C steps even where the CPU has a vector path (the same bytes). */
+const char *fd_decode(const uint8_t *p, size_t len, const uint8_t *base, uint8_t *out, size_t out_len, int lanes,
+                      int simd);
+/* Whether fd_decode's `simd` has a vector path on this CPU (AVX2) for 32 lanes. */
+int fd_decode_simd(void);
 
 #endif

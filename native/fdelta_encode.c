@@ -137,7 +137,8 @@ static int too_large(const uint8_t *raw, const uint8_t *base, size_t n, const fd
     return estimate > 1.1 * (double)limit;
 }
 
-long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, uint8_t *out, size_t limit)
+long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format f, int lanes, uint8_t *out,
+                    size_t limit)
 {
     int emax = -1, einf = (1 << f.ebits) - 1;
     if (f.elem == 2) /* the largest finite exponent, without a branch per element */
@@ -251,7 +252,9 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
     for (size_t k = 0; k < (size_t)nctx * f.nsym; k++)
         if (freq[k])
             enc_symbol(&esym[k], cum[k], freq[k]);
-    uint32_t s0 = RANS_L, s1 = RANS_L, s2 = RANS_L, s3 = RANS_L;
+    uint32_t st[MAX_LANES];
+    for (int k = 0; k < lanes; k++)
+        st[k] = RANS_L;
     uint8_t *wp = words + n * 2;
 #define FD_PUT(ST, I)                                                                               \
     do {                                                                                            \
@@ -264,23 +267,26 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
         (ST) = x_ + e_->bias + q_ * e_->cmpl_freq;                                                  \
     } while (0)
     size_t i = n;
-    for (; i % LANES; i--) /* the last n % 4 elements, each on its lane */
-        switch ((i - 1) % LANES) {
-        case 0: FD_PUT(s0, i - 1); break;
-        case 1: FD_PUT(s1, i - 1); break;
-        default: FD_PUT(s2, i - 1); break; /* lane 3's element would make n % 4 == 0 */
+    for (; i % (size_t)lanes; i--) /* the last n % lanes elements, each on its lane */
+        FD_PUT(st[(i - 1) % (size_t)lanes], i - 1);
+    if (lanes == 4) {
+        uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
+        for (; i; i -= 4) { /* lanes in registers: four independent chains */
+            FD_PUT(s3, i - 1);
+            FD_PUT(s2, i - 2);
+            FD_PUT(s1, i - 3);
+            FD_PUT(s0, i - 4);
         }
-    for (; i; i -= LANES) { /* lanes in registers: four independent chains */
-        FD_PUT(s3, i - 1);
-        FD_PUT(s2, i - 2);
-        FD_PUT(s1, i - 3);
-        FD_PUT(s0, i - 4);
+        st[0] = s0, st[1] = s1, st[2] = s2, st[3] = s3;
+    } else {
+        for (; i; i -= (size_t)lanes) /* each lane its own chain, through st[] */
+            for (int k = lanes - 1; k >= 0; k--)
+                FD_PUT(st[k], i - (size_t)lanes + (size_t)k);
     }
 #undef FD_PUT
-    uint32_t st[LANES] = {s0, s1, s2, s3};
     size_t word_bytes = (size_t)(words + n * 2 - wp);
 
-    size_t total = HEADER + table_bytes + 4 * LANES + word_bytes + bit_bytes;
+    size_t total = HEADER + table_bytes + 4 * (size_t)lanes + word_bytes + bit_bytes;
     if (total > limit) {
         result = 0;
         goto done;
@@ -310,7 +316,7 @@ long long fd_encode(const uint8_t *raw, const uint8_t *base, size_t n, fd_format
                 o += 3;
             }
     }
-    for (int k = 0; k < LANES; k++, o += 4)
+    for (int k = 0; k < lanes; k++, o += 4)
         put32(o, st[k]);
     memcpy(o, wp, word_bytes);
     o += word_bytes;
@@ -333,6 +339,6 @@ size_t fd_encode_bound(size_t n, int elem)
 {
     /* the header, a table of every context and symbol, the states, a word per element and
      * every raw bit */
-    return HEADER + (size_t)EBUCKETS * (3 + 3 * (8 * elem + 1)) + 4 * LANES + 2 * n
+    return HEADER + (size_t)EBUCKETS * (3 + 3 * (8 * elem + 1)) + 4 * MAX_LANES + 2 * n
            + n * (size_t)elem + 8;
 }

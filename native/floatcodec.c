@@ -28,12 +28,16 @@
 PyObject *fdelta_encode(PyObject *self, PyObject *args)
 {
     Py_buffer raw, base;
-    int elem, mant, ebits;
+    int elem, mant, ebits, lanes = 4;
     Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "y*y*iiin:fdelta_encode", &raw, &base, &elem, &mant, &ebits, &limit))
+    if (!PyArg_ParseTuple(args, "y*y*iiin|i:fdelta_encode", &raw, &base, &elem, &mant, &ebits, &limit, &lanes))
         return NULL;
     PyObject *res = NULL;
     uint8_t *out = NULL;
+    if (lanes != 4 && lanes != MAX_LANES) {
+        PyErr_Format(PyExc_ValueError, "fdelta_encode: %d lanes, not 4 or %d", lanes, MAX_LANES);
+        goto done;
+    }
     if (elem != 2 && elem != 4) {
         PyErr_Format(PyExc_ValueError, "fdelta_encode: element size %d is not 2 or 4", elem);
         goto done;
@@ -56,7 +60,7 @@ PyObject *fdelta_encode(PyObject *self, PyObject *args)
     fd_format f = {elem, mant, ebits, 0, 8 * elem + 1, 0};
     long long got;
     Py_BEGIN_ALLOW_THREADS
-    got = fd_encode(raw.buf, base.buf, n, f, out, limit < 0 ? 0 : (size_t)limit);
+    got = fd_encode(raw.buf, base.buf, n, f, lanes, out, limit < 0 ? 0 : (size_t)limit);
     Py_END_ALLOW_THREADS
     if (got < 0)
         PyErr_NoMemory();
@@ -74,14 +78,17 @@ done:
 PyObject *fdelta_decode(PyObject *self, PyObject *args)
 {
     Py_buffer payload, base, out;
-    if (!PyArg_ParseTuple(args, "y*y*w*:fdelta_decode", &payload, &base, &out))
+    int lanes = 4, simd = 1;
+    if (!PyArg_ParseTuple(args, "y*y*w*|ip:fdelta_decode", &payload, &base, &out, &lanes, &simd))
         return NULL;
     const char *err = NULL;
-    if (base.len != out.len) {
+    if (lanes != 4 && lanes != MAX_LANES) {
+        err = "lanes not 4 or 32";
+    } else if (base.len != out.len) {
         err = "base and output lengths differ";
     } else {
         Py_BEGIN_ALLOW_THREADS
-        err = fd_decode(payload.buf, (size_t)payload.len, base.buf, out.buf, (size_t)out.len);
+        err = fd_decode(payload.buf, (size_t)payload.len, base.buf, out.buf, (size_t)out.len, lanes, simd);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&payload);
@@ -92,4 +99,9 @@ PyObject *fdelta_decode(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+PyObject *fdelta_simd(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(fd_decode_simd());
 }

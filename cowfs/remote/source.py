@@ -64,7 +64,7 @@ class Fetched:
 
 def check_schema(conn: sqlite3.Connection, name: str) -> None:
     """Refuse a whole catalog whose tables are not this cowfs's (schema versions SAME_TABLES:
-    a producer not yet upgraded to 6 writes 5, the same tables without codec 4)."""
+    a producer not yet upgraded to 7 writes 6 or 5, the same tables without codec 5 or 4)."""
     (version,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     if int(version) not in SAME_TABLES:
         raise StoreError(f"{name}: catalog schema version {version};"

@@ -1,6 +1,6 @@
 """tools/bench/fdelta_decode.py: both arms decode in their own processes (the second from
-another source tree given by --code), the table has a row per arm and format, and bad
-arguments are one-line errors."""
+another source tree given by --code), the table has a row per arm, format and codec, and
+bad arguments are one-line errors."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,10 +12,11 @@ from tools.bench.fdelta_decode import main
 from tools.harnessutil import run_in_tree
 
 
-def test_two_arms_make_a_row_per_arm_and_format(capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_arms_make_a_row_per_arm_format_and_codec(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--elements", "5000", "--reps", "2", "--timings", "2", "--code", str(REPO)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {REPO} |")]
-    assert [r.split(" | ")[1] for r in rows] == ["bf16", "f32", "bf16", "f32"]
+    one = [f"{f} {c}" for f in ("bf16", "f32") for c in ("4", "5 plain", "5")]
+    assert [r.split(" | ")[1] for r in rows] == one + one
     for r in rows:
         speeds = r.split(" | ")[3].split(" / ")
         assert len(speeds) == 2 and all(float(v) > 0 for v in speeds)

@@ -14,6 +14,7 @@ from cowfs import _native
 from cowfs.errors import CorruptData
 from cowfs.store.log.codecs import (
     CODEC_FDELTA,
+    CODEC_FDELTA32,
     CODEC_GROUPED,
     CODEC_RAW,
     CODEC_SUB,
@@ -176,7 +177,7 @@ def test_a_float_piece_takes_the_float_delta_and_decodes_exactly() -> None:
     enc = encode_delta(raw, 2, base_id, base, NEVER, "BF16")
     sub = encode_delta(raw, 2, base_id, base, NEVER)  # no dtype: the Blosc2 delta as before
     assert enc is not None and sub is not None and sub.codec == CODEC_SUB
-    assert enc.codec == CODEC_FDELTA and base_of(enc.codec, enc.payload) == base_id
+    assert enc.codec == CODEC_FDELTA32 and base_of(enc.codec, enc.payload) == base_id
     assert enc.stored_len < sub.stored_len and enc.stored_len <= FDELTA_SURE * len(raw)
     assert bytes(decode(enc.codec, enc.payload, len(raw), lambda i: base)) == raw
     # f32 and f16 too; a dtype whose element size does not match falls back to Blosc2's
@@ -185,6 +186,11 @@ def test_a_float_piece_takes_the_float_delta_and_decodes_exactly() -> None:
         e = encode_delta(r32, arr().itemsize, base_id, b32, NEVER, dtype)
         assert e is not None and bytes(decode(e.codec, e.payload, len(r32), lambda i: b32)) == r32
     assert encode_delta(raw, 2, base_id, base, NEVER, "F32").codec == CODEC_SUB  # type: ignore[union-attr]
+    # a store upgraded from format 6 holds codec 4 records (four states): still decoded
+    four = base_id + _native.fdelta_encode(raw, base, 2, 7, 8, NEVER, 4)
+    assert bytes(decode(CODEC_FDELTA, four, len(raw), lambda i: base)) == raw
+    with pytest.raises(CorruptData, match="fdelta payload"):  # a codec 5 payload read as codec 4
+        decode(CODEC_FDELTA, enc.payload, len(raw), lambda i: base)
 
 
 def test_the_smaller_delta_wins_and_none_when_neither_saves_a_tenth() -> None:
@@ -204,13 +210,13 @@ def test_a_damaged_float_delta_is_corrupt_data() -> None:
     old = weights(1 << 14, 7)
     base, raw = bf16(old), bf16(old * 1.001)
     enc = encode_delta(raw, 2, b"d" * ID_SIZE, base, NEVER, "BF16")
-    assert enc is not None and enc.codec == CODEC_FDELTA
+    assert enc is not None and enc.codec == CODEC_FDELTA32
     bad = bytearray(enc.payload)
     bad[ID_SIZE + 6] ^= 0xFF  # the element count
     with pytest.raises(CorruptData, match="fdelta payload"):
-        decode(CODEC_FDELTA, bytes(bad), len(raw), lambda i: base)
+        decode(CODEC_FDELTA32, bytes(bad), len(raw), lambda i: base)
     with pytest.raises(CorruptData, match="fdelta payload"):
-        decode(CODEC_FDELTA, bytes(enc.payload)[:-9], len(raw), lambda i: base)
+        decode(CODEC_FDELTA32, bytes(enc.payload)[:-9], len(raw), lambda i: base)
 
 
 def test_the_orders_change_what_is_tried_never_what_decodes() -> None:
@@ -219,7 +225,7 @@ def test_the_orders_change_what_is_tried_never_what_decodes() -> None:
     base, raw = bf16(v), bf16(v / 0.98 + rng.exponential(1e-8, v.size))  # Blosc2's delta is the smaller
     only = encode_delta(raw, 2, b"o" * ID_SIZE, base, NEVER, "BF16", FDELTA_ONLY)
     first = encode_delta(raw, 2, b"o" * ID_SIZE, base, NEVER, "BF16", BLOSC_ONLY)
-    assert only is not None and only.codec == CODEC_FDELTA  # trusted: Blosc2's not tried
+    assert only is not None and only.codec == CODEC_FDELTA32  # trusted: Blosc2's not tried
     assert first is not None and first.codec == CODEC_SUB and first.stored_len < only.stored_len
     old = weights(1 << 16, 10)
     w_base, w_raw = bf16(old), bf16(old + rng.normal(0, 1e-4, old.shape).astype(np.float32))

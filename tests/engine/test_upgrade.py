@@ -202,13 +202,41 @@ def test_version_5_store_is_refused_then_upgraded_and_compacts_with_the_float_de
         for i in range(4):
             assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
     counts = codec_counts(store)
-    assert counts.get(4) == 2 and counts.get(3) == 4, counts  # the old deltas stay as they were
+    assert counts.get(5) == 2 and counts.get(3) == 4, counts  # the old deltas stay as they were
     assert_clean(store)
 
 
-def test_a_consumer_reads_version_5_and_6_catalogs_and_refuses_others(tmp_path: Path) -> None:
-    """Schema 6 only adds codec 4: a bucket catalog from a producer still at 5 has the same
-    tables and is read; any other version is refused with one line."""
+# tests/data/store-v6.tar.gz was made by format version 6's code (commit 18950a3): three bf16
+# checkpoints /checkpoint-{0,1,2}/model.safetensors of model_series(6, bf16), compacted (the
+# older two's pieces as float deltas of 4 rANS states, codec 4) and gc'd, in a store of
+# 4 MiB "file" segments.
+V6 = Path(__file__).parent.parent / "data" / "store-v6.tar.gz"
+
+
+def test_version_6_store_is_refused_then_upgraded_and_its_four_lane_deltas_still_read(tmp_path: Path) -> None:
+    store = unpack(V6, tmp_path)
+    files = model_series(6, torch.bfloat16)
+    with pytest.raises(StoreError, match=r"format version 6 .*cowfs upgrade"):
+        Store.open(store)
+    assert codec_counts(store) == {0: 3, 4: 4}
+    assert upgrade(store) == (6, FORMAT_VERSION)
+    with Store.open(store) as s:
+        for i in range(3):  # codec 4 records, decoded with their four states
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+        s.mkdir(1, b"checkpoint-3")
+        s.write_file("/checkpoint-3/model.safetensors", files[3])
+        assert s.compact().deltas == 2  # checkpoint-2's pieces lean on the new ones, as codec 5
+        s.gc()
+        for i in range(4):
+            assert s.read_file(f"/checkpoint-{i}/model.safetensors") == files[i]
+    counts = codec_counts(store)
+    assert counts.get(5) == 2 and counts.get(4) >= 2, counts  # checkpoint-0 and -1 keep theirs
+    assert_clean(store)
+
+
+def test_a_consumer_reads_version_5_to_7_catalogs_and_refuses_others(tmp_path: Path) -> None:
+    """Schemas 6 and 7 only add codecs 4 and 5: a bucket catalog from a producer still at 5 or
+    6 has the same tables and is read; any other version is refused with one line."""
     from cowfs.remote.source import check_schema
     catalog = unpack(V5, tmp_path) / CATALOG_FILE
     conn = sqlite3.connect(catalog, isolation_level=None)
@@ -216,8 +244,10 @@ def test_a_consumer_reads_version_5_and_6_catalogs_and_refuses_others(tmp_path: 
         check_schema(conn, "v5.db")
         conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
         check_schema(conn, "v6.db")
+        conn.execute("UPDATE meta SET value = 7 WHERE key = 'schema_version'")
+        check_schema(conn, "v7.db")
         conn.execute("UPDATE meta SET value = 4 WHERE key = 'schema_version'")
-        with pytest.raises(StoreError, match=r"v4.db: catalog schema version 4; this cowfs reads 5-6"):
+        with pytest.raises(StoreError, match=r"v4.db: catalog schema version 4; this cowfs reads 5-7"):
             check_schema(conn, "v4.db")
     finally:
         conn.close()

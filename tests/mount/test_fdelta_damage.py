@@ -16,7 +16,7 @@ from safetensors.torch import save
 
 from cowfs.store import Store
 from cowfs.store.log.layout import CATALOG_FILE, segment_path
-from cowfs.store.log.records import CODEC_FDELTA
+from cowfs.store.log.records import CODEC_FDELTA32
 from tests.support.mountutil import mounted
 from tools.harnessutil import run_cowfs
 
@@ -49,7 +49,7 @@ def fdelta_chain(path: Path) -> list[tuple[int, int, int, int | None]]:
                 conn.execute("SELECT cid, seg_id, offset, base_cid, codec FROM chunks")}
     finally:
         conn.close()
-    older = [c for c, (_s, _o, base, codec) in rows.items() if codec == CODEC_FDELTA and base is not None]
+    older = [c for c, (_s, _o, base, codec) in rows.items() if codec == CODEC_FDELTA32 and base is not None]
     assert older, "no float deltas were written"
     based = {rows[c][2] for c in older}
     start = next(c for c in older if c not in based)  # a delta nothing leans on: the oldest

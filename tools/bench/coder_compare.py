@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from cowfs import _native
-from cowfs.store.log.codecs import FLOAT_FORMATS
+from cowfs.store.log.codecs import FDELTA_LANES, FDELTA_WRITTEN, FLOAT_FORMATS
 
 from .pieces import base_index, load_series
 
 EBUCKETS = 16
+LANES = FDELTA_LANES[FDELTA_WRITTEN]  # the float delta the store writes: its rANS states
 
 
 def symbols(raw: memoryview, base: memoryview) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             dec = constriction.stream.stack.AnsCoder(comp)
             out = [dec.decode(m, g.size) if m is not None else g for g, m in zip(groups, models)]
             t2 = time.perf_counter()
-            payload = _native.fdelta_encode(raw, base, *FLOAT_FORMATS["BF16"], 1 << 30)
+            payload = _native.fdelta_encode(raw, base, *FLOAT_FORMATS["BF16"], 1 << 30, LANES)
             t3 = time.perf_counter()
             back = bytearray(len(raw))
-            _native.fdelta_decode(payload, base, back)
+            _native.fdelta_decode(payload, base, back, LANES)
             t4 = time.perf_counter()
             for k, dt in (("c enc", t1 - t0), ("c dec", t2 - t1), ("f enc", t3 - t2), ("f dec", t4 - t3)):
                 best[k] = min(best[k], dt)

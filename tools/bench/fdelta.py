@@ -149,13 +149,13 @@ def codec_speeds(series: list[Version], reps: int) -> dict[str, Any]:
                 for _ in range(reps):
                     t = time.perf_counter()
                     if name == "fdelta":
-                        payload = _native.fdelta_encode(raw, base, *fmt, 1 << 30)
+                        payload = _native.fdelta_encode(raw, base, *fmt, 1 << 30, codecs.FDELTA_LANES[codecs.FDELTA_WRITTEN])
                     else:
                         payload = codecs._grouped(codecs.sub_bytes(raw, base, fmt[0]), fmt[0])
                     enc_t.append(time.perf_counter() - t)
                     t = time.perf_counter()
                     if name == "fdelta":
-                        _native.fdelta_decode(payload, base, dest)
+                        _native.fdelta_decode(payload, base, dest, codecs.FDELTA_LANES[codecs.FDELTA_WRITTEN])
                     else:
                         codecs.decode_into(codecs.CODEC_SUB, b"\0" * 32 + payload, memoryview(dest), lambda _h: base)
                     dec_t.append(time.perf_counter() - t)

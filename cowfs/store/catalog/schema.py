@@ -5,10 +5,10 @@ birth_gen <= G < death_gen; live rows have death_gen = LIVE.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 6  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen;
+SCHEMA_VERSION = 7  # 2: encoded records (chunks.codec, base_cid), contents.compacted, lineage; 3: lineage.gen;
 # 4: versions.nlink; 5: versions.atime_ns, rdev, xattrs and inodes of kind 4; 6: chunks.codec may be 4 (fdelta),
-# the tables as in 5 (upgrade.py migrates versions 1-5)
-SAME_TABLES = (5, 6)  # schema versions whose tables are this one's: a consumer reads either's catalog
+# the tables as in 5; 7: chunks.codec may be 5 (fdelta32), the same tables (upgrade.py migrates versions 1-6)
+SAME_TABLES = (5, 6, 7)  # schema versions whose tables are this one's: a consumer reads any of theirs
 LIVE = (1 << 62)  # death_gen of rows that are still current
 ROOT_INO = 1
 

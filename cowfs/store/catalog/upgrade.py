@@ -19,7 +19,8 @@ atime before), versions.rdev (0) and versions.xattrs (NULL); inodes may now be o
 (fifos, sockets, device nodes), which older stores have none of. Version 5 -> 6: records may
 be of codec 4 (fdelta, the context-modelled float delta); no table changes, only the
 version moves, so that a cowfs that cannot decode such records refuses the store instead of
-failing on its reads.
+failing on its reads. Version 6 -> 7: the same for codec 5 (fdelta32, the float delta with 32
+rANS states); the store's codec 4 records stay as they are and are still read.
 """
 from __future__ import annotations
 
@@ -84,9 +85,12 @@ CATALOG_4_TO_5 = (
 CATALOG_5_TO_6 = (
     "UPDATE meta SET value = 6 WHERE key = 'schema_version'",
 )
+CATALOG_6_TO_7 = (
+    "UPDATE meta SET value = 7 WHERE key = 'schema_version'",
+)
 # schema version -> the statements (or functions of the connection) that bring it to the next
 STEPS: dict[int, Sequence[str | Callable[[sqlite3.Connection], None]]] = {
-    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4, 4: CATALOG_4_TO_5, 5: CATALOG_5_TO_6,
+    1: CATALOG_1_TO_2, 2: CATALOG_2_TO_3, 3: CATALOG_3_TO_4, 4: CATALOG_4_TO_5, 5: CATALOG_5_TO_6, 6: CATALOG_6_TO_7,
 }
 
 

@@ -21,7 +21,9 @@ Payloads:
                  base, each element's bit length coded by rANS in the context of the
                  base element's exponent, the bits below it raw
                  (native/floatcodec.c; format.md 3.2.1). Floats only (bf16, f16, f32): the
-                 tensor's dtype says where the exponent is.
+                 tensor's dtype says where the exponent is. Four rANS states interleaved.
+  CODEC_FDELTA32 the same with 32 states: what the encoder writes since format version 7
+                 (a decoder steps eight of them at once in a vector register).
 A delta's base has the same raw length. Decoding a delta needs the base's raw bytes, which
 may themselves be a delta: the compactor bounds that chain (MAX_CHAIN records per read).
 Subtraction beats XOR on checkpoints (docs/benchmarks.md, "Checkpoint codecs"): a small
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ... import _native
 from ...errors import CorruptData
-from .records import CODEC_FDELTA, CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
+from .records import CODEC_FDELTA, CODEC_FDELTA32, CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,8 +58,13 @@ def _blosc2() -> Any:
         _blosc2_module = blosc2
     return _blosc2_module
 
-CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", CODEC_SUB: "sub", CODEC_FDELTA: "fdelta"}
-DELTA_CODECS = (CODEC_XOR, CODEC_SUB, CODEC_FDELTA)
+# in `cowfs stats`: "fdelta" is the float delta the encoder writes, "fdelta4" its four-state
+# form that stores upgraded from format 6 still hold
+CODEC_NAMES = {CODEC_RAW: "raw", CODEC_GROUPED: "grouped", CODEC_XOR: "xor", CODEC_SUB: "sub", CODEC_FDELTA: "fdelta4",
+               CODEC_FDELTA32: "fdelta"}
+FDELTA_LANES = {CODEC_FDELTA: 4, CODEC_FDELTA32: 32}  # the float delta's codecs: rANS states interleaved
+FDELTA_WRITTEN = CODEC_FDELTA32  # the one the encoder writes
+DELTA_CODECS = (CODEC_XOR, CODEC_SUB, CODEC_FDELTA, CODEC_FDELTA32)
 # float dtypes (safetensors names) the fdelta codec takes: (element size, mantissa bits, exponent bits)
 FLOAT_FORMATS = {"BF16": (2, 7, 8), "F16": (2, 10, 5), "F32": (4, 23, 8)}
 ID_SIZE = 32
@@ -168,8 +175,8 @@ def _fdelta(raw: bytes | memoryview, fmt: tuple[int, int, int], base_id: bytes, 
     """The fdelta record, if its payload (past the base id) takes at most `limit` bytes."""
     if limit <= 0:
         return None
-    packed = _native.fdelta_encode(raw, base_raw, *fmt, limit)
-    return Encoded(CODEC_FDELTA, base_id + packed, base_id) if packed is not None else None
+    packed = _native.fdelta_encode(raw, base_raw, *fmt, limit, FDELTA_LANES[FDELTA_WRITTEN])
+    return Encoded(FDELTA_WRITTEN, base_id + packed, base_id) if packed is not None else None
 
 
 def _blosc_delta(raw: bytes | memoryview, elem_size: int, base_id: bytes, base_raw: bytes | memoryview,
@@ -231,9 +238,10 @@ def decode_into(codec: int, payload: bytes | memoryview, dest: memoryview,
     if len(base) != raw_len:
         raise CorruptData(f"delta base {base_id.hex()[:16]} has {len(base)} bytes, {raw_len} expected")
     packed = memoryview(payload)[ID_SIZE:]
-    if codec == CODEC_FDELTA:
+    lanes = FDELTA_LANES.get(codec)
+    if lanes is not None:
         try:
-            _native.fdelta_decode(packed, base, dest)
+            _native.fdelta_decode(packed, base, dest, lanes)
         except ValueError as e:
             raise CorruptData(str(e)) from None
         return

@@ -19,9 +19,9 @@ from pathlib import Path
 from ...errors import Busy, StoreError
 
 FORMAT_NAME = "cowfs-store"
-FORMAT_VERSION = 6  # 2: encoded records and their catalog columns; 3: lineage by generation; 4: versions.nlink;
-# 5: atime, rdev, xattrs and special files in the catalog; 6: records of codec 4 (fdelta);
-# `cowfs upgrade` migrates versions 1-5
+FORMAT_VERSION = 7  # 2: encoded records and their catalog columns; 3: lineage by generation; 4: versions.nlink;
+# 5: atime, rdev, xattrs and special files in the catalog; 6: records of codec 4 (fdelta); 7: records of codec 5
+# (fdelta32); `cowfs upgrade` migrates versions 1-6
 OLDEST_UPGRADABLE = 1
 CONFIG_FILE = "cowfs-store.json"
 CATALOG_FILE = "catalog.db"

@@ -54,7 +54,8 @@ CODEC_GROUPED = 1  # a Blosc2 chunk of the raw bytes (codecs.py)
 CODEC_XOR = 2  # the base chunk's id, then a Blosc2 chunk of raw XOR base (codecs.py)
 CODEC_SUB = 3  # the base chunk's id, then a Blosc2 chunk of zigzag(raw - base) per element (codecs.py)
 CODEC_FDELTA = 4  # the base chunk's id, then the context-modelled float difference (native/floatcodec.c)
-KNOWN_CODECS = (CODEC_RAW, CODEC_GROUPED, CODEC_XOR, CODEC_SUB, CODEC_FDELTA)
+CODEC_FDELTA32 = 5  # the same, its symbols coded with 32 interleaved rANS states instead of 4
+KNOWN_CODECS = (CODEC_RAW, CODEC_GROUPED, CODEC_XOR, CODEC_SUB, CODEC_FDELTA, CODEC_FDELTA32)
 MAX_PAYLOAD = 1 << 24
 
 assert SEGMENT_HEADER.size == 64 and HEADER_SIZE == 64

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..log.codecs import BLOSC_ONLY, CODEC_FDELTA, FDELTA_FIRST, FDELTA_ONLY, Encoded
+from ..log.codecs import BLOSC_ONLY, FDELTA_FIRST, FDELTA_LANES, FDELTA_ONLY, Encoded
 
 RECENT_BYTES = 256 << 20  # raw bytes of recently handled pieces kept for the next older body
 
@@ -34,7 +34,7 @@ class RecentPieces:
     def note_winner(self, key: bytes | None, delta: Encoded | None) -> None:
         if key is not None and delta is not None:
             seen = self._winners.get(key, (False, -1))[1]
-            self._winners[key] = (delta.codec == CODEC_FDELTA, seen + 1)
+            self._winners[key] = (delta.codec in FDELTA_LANES, seen + 1)
 
     def get(self, key: bytes, index: int, chunk: bytes) -> memoryview | None:
         got = self._pieces.get((key, index))
