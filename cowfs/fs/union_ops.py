@@ -28,7 +28,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Coroutine
+from typing import TYPE_CHECKING, Any, Coroutine
 
 import pyfuse3
 import trio
@@ -43,12 +43,14 @@ from ..store import Attr, Store
 from ..store.catalog.events import SNAPSHOT, SNAPSHOT_DELETE, Event, EventBus
 from ..store.catalog.schema import ROOT_INO
 from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig
-from .dispatch import in_thread, translate_errors, wait_future
-from .handles import OpenFile
+from .dispatch import in_thread, translate_errors
 from .operations import CowfsOperations
 from .replica_changes import events_between
 from .union_clash import PeerWins
 from .views import LIVE_VIEW, SNAPDIR_INO, View, ViewTable
+
+if TYPE_CHECKING:
+    from ..store.data.session import WriteSession
 
 log = logging.getLogger("cowfs.fs")
 PEERS_VIEW = "peers"
@@ -215,62 +217,44 @@ class UnionOperations(CowfsOperations):
 
     # -- writing over a peer's file: the store's own file at its path from then on ----------
 
-    def _own_file(self, path: str, peer_ino: int) -> tuple[Attr, bool]:
-        """(worker thread) The store's file at `path` (a peer's file there): made with the
-        peer file's mode and owner, in its directory made first; and whether it was made here."""
+    def _own_file(self, path: str, peer_ino: int, copy: bool) -> Attr:
+        """(worker thread) The store's file at `path` (a peer's file there), made with the peer
+        file's mode and owner, in its directory made first, unless one was made meanwhile (the
+        store's own wins). With `copy`, made holding the peer file's bytes: the file and that
+        first version in one transaction (`Store.create_filled`), so that no crash leaves it
+        empty over the peer's, and a failed copy makes nothing. Without (O_TRUNC: an empty file
+        is what the writer asked for), not durable until the close's commit."""
         head, _, name = path.rpartition("/")
         parent = self._copy_up(head or "/")
         theirs = self.peers.getattr(peer_ino)
-        try:  # not durable: the copy's commit (or the close's, with O_TRUNC) makes it so
-            return self.store.create(parent, os.fsencode(name), stat.S_IMODE(theirs.mode), theirs.uid, theirs.gid,
-                                     durable=False), True
-        except Exists:  # made meanwhile: the store's own wins
-            return self.store.lookup(parent, os.fsencode(name)), False
-
-    def _drop_own_file(self, path: str, ino: int) -> None:
-        """(worker thread) Remove the store's file `ino` a failed write-over made at `path`, if
-        the name still names it (the peer's file shows there again)."""
-        head, _, name = path.rpartition("/")
-        if (own := self._at(self.store, path)) is not None and own.ino == ino:
-            self.store.unlink(self.store.resolve(head or "/").ino, os.fsencode(name))
+        mode = stat.S_IMODE(theirs.mode)
+        try:
+            if copy:
+                return self.store.create_filled(parent, os.fsencode(name), lambda session: self._copy_bytes(session, peer_ino),
+                                                mode, theirs.uid, theirs.gid)
+            return self.store.create(parent, os.fsencode(name), mode, theirs.uid, theirs.gid, durable=False)
+        except Exists:
+            return self.store.lookup(parent, os.fsencode(name))
 
     async def _write_over(self, inode: int, peer_ino: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Open a peer's file for writing: the store gets its own file at that path (without
-        O_TRUNC, holding the peer's bytes first: a copy-up, committed before the open returns,
-        so that a crash while this handle writes leaves the file as it showed, not empty) and
-        this handle writes it; the kernel's inode stays the peer's until it looks the name up
+        O_TRUNC, holding the peer's bytes from its first version on: a copy-up, so that a crash
+        while this handle writes, or during this open, leaves the file as it showed, not empty)
+        and this handle writes it; the kernel's inode stays the peer's until it looks the name up
         again, so its attributes and changes are the store file's meanwhile (`_redirect`)."""
         path = await in_thread(self._path, self.peers, peer_ino)
-        own, made = await in_thread(self._own_file, path, peer_ino)
         truncate = bool(flags & os.O_TRUNC)
+        own = await in_thread(self._own_file, path, peer_ino, not truncate)
         f = await self._open_writer(inode, own.ino, truncate, ctx.pid)
         self._redirect[inode] = own.ino
-        if not truncate and own.size == 0:
-            try:
-                await self._copy_bytes(f, peer_ino)
-                await self._commit(f)
-            except Exception as e:  # the open fails and changes nothing: no partial copy, no handle, no file
-                self._session_failed(f, e, "copy-up")
-                await self.release(f.fh)
-                self._redirect.pop(inode, None)
-                if made:
-                    await in_thread(self._drop_own_file, path, own.ino)
-                raise
         await in_thread(self._invalidate_path, path)
         return pyfuse3.FileInfo(fh=f.fh, keep_cache=True)
 
-    async def _copy_bytes(self, f: OpenFile, peer_ino: int) -> None:
-        """The peer file's bytes written into the handle's session, COPY_PIECE at a time."""
-        assert f.shared is not None
-        session = f.shared.session
-        with await in_thread(self.peers.open_reader, peer_ino) as reader:
-            off = 0
-            while off < reader.size:
-                piece = await in_thread(lambda o=off: bytes(reader.read(o, min(COPY_PIECE, reader.size - o))))
-                while (batch := session.batch_to_wait_for(off, len(piece))) is not None:
-                    await wait_future(batch)
-                session.write(off, piece)
-                off += len(piece)
+    def _copy_bytes(self, session: "WriteSession", peer_ino: int) -> None:
+        """(worker thread) The peer file's bytes written into a session, COPY_PIECE at a time."""
+        with self.peers.open_reader(peer_ino) as reader:
+            for off in range(0, reader.size, COPY_PIECE):
+                session.write(off, bytes(reader.read(off, min(COPY_PIECE, reader.size - off))))
 
     def _invalidate_path(self, path: str) -> None:
         """(worker thread) The kernel's entries for `path`, in the peer view and the store's:

@@ -320,23 +320,17 @@ class Store(TreeChanges):
                 raise Busy(f"inode {attr.ino} already has a write session")
             return self._new_session(attr.ino, None, [], 0)
 
-    def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int) -> WriteSession:
-        """(under _mutex) A session from its base version, held and registered."""
-        self._session_holds[ino] = self.holds.hold(content_id)
+    def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int,
+                     commit_fn: Callable[[WriteSession, list[Extent]], tuple[Attr | None, list[Extent]]] | None = None
+                     ) -> WriteSession:
+        """(under _mutex) A session from its base version, held and registered; with `commit_fn`
+        (a file not made yet, `ino` 0: TreeChanges.create_filled) neither, committed by it."""
         from .tensors.write_layout import WriteLayout  # here: most commands never write (0.08 s of start-up)
-        session = WriteSession(
-            ino,
-            extents,
-            size,
-            self.log,
-            self.index,
-            self.executor,
-            self.root / SPILL_DIR,
-            self.read_chunk,
-            self._commit_version,
-            self._session_closed,
-            self.batch_threads, new_layout=WriteLayout)
-        self._sessions[ino] = session
+        session = WriteSession(ino, extents, size, self.log, self.index, self.executor, self.root / SPILL_DIR,
+                               self.read_chunk, commit_fn or self._commit_version, self._session_closed,
+                               self.batch_threads, new_layout=WriteLayout)
+        if commit_fn is None:
+            self._session_holds[ino], self._sessions[ino] = self.holds.hold(content_id), session
         return session
 
     def session_of(self, ino: int) -> WriteSession | None:

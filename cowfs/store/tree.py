@@ -16,10 +16,12 @@ from .catalog.db import Catalog, Txn
 from .catalog.events import Event
 from .catalog.namespace import Attr
 from .catalog.schema import KIND_DIR, KIND_FILE, KIND_SPECIAL, KIND_SYMLINK
-from .data.commit import path_in
+from .data.commit import commit_version, path_in, version_events
 
 if TYPE_CHECKING:
+    from .data.content import Extent
     from .data.session import SessionHandle, WriteSession
+    from .log.log import Log
 
 T = TypeVar("T")
 
@@ -42,6 +44,7 @@ class TreeChanges:
         _sessions: dict[int, WriteSession]
         capabilities_stored: bool
         catalog: Catalog
+        log: Log
 
         def _change(self, op: str, fn: Callable[[Txn], T], describe: Callable[[Txn, T], list[Event]] | None = None,
                     durable: bool = True) -> T: ...
@@ -49,6 +52,10 @@ class TreeChanges:
         def getattr(self, ino: int, gen: int | None = None) -> Attr: ...
 
         def open_session(self, ino: int) -> SessionHandle: ...
+
+        def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int,
+                         commit_fn: Callable[[WriteSession, list[Extent]], tuple[Attr | None, list[Extent]]] | None = None
+                         ) -> WriteSession: ...
 
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
         return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
@@ -61,6 +68,34 @@ class TreeChanges:
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int | None = None, gid: int | None = None, durable: bool = True) -> Attr:
         """A new empty regular file; not `durable`: see Catalog.write (the file's first version makes it durable)."""
         return self._make("create", parent, name, KIND_FILE, mode, uid, gid, durable=durable)
+
+    def create_filled(self, parent: int, name: bytes, fill: Callable[["WriteSession"], None], mode: int = 0o644,
+                      uid: int | None = None, gid: int | None = None) -> Attr:
+        """A new regular file made by its first version: `fill` writes the bytes into a
+        session of a file not made yet, and one durable transaction makes the file and commits
+        them, so no crash leaves the file without them (a copy-up of another node's file,
+        docs/design.md section 17). Exists if the name is taken by then, and then, as after a
+        failure of `fill`, nothing is made (what was written is garbage for gc)."""
+        u, g = self._ids(uid, gid)
+        make = _make_node(parent, name, KIND_FILE, mode, u, g, None, 0)
+
+        def commit(session: "WriteSession", extents: list[Extent]) -> tuple[Attr | None, list[Extent]]:
+            self.log.sync()  # the data records first, as every commit
+
+            def fn(txn: Txn) -> tuple[Attr | None, list[Extent]]:
+                made = make(txn)
+                return commit_version(txn, made.ino, session.size, session.mtime_ns, extents)
+
+            return self._change("create", fn, lambda t, r: version_events(t, r[0]))
+
+        session = self._new_session(0, None, [], 0, commit)
+        try:
+            fill(session)
+            attr = session.commit() if session.dirty else self.create(parent, name, mode, u, g)  # (no bytes)
+        finally:
+            session.close()
+        assert attr is not None
+        return attr
 
     def create_submit(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> "Future[Attr]":
         """`create(..., durable=False)` queued for the catalog's writer thread without waiting

@@ -24,7 +24,8 @@ sometimes loses power again itself) and must satisfy:
 At the end of each run, gc must leave no unreferenced record, and a clean
 close and open must keep everything.
 
-Between crashes the operations are random: write_file, write sessions with
+Between crashes the operations are random: write_file, create_filled (a file made by its
+first version, as a copy-up makes one), write sessions with
 random writes/truncates (one or two commits, or an abort), sequential streaming
 rewrites in several batches (the session BATCH is lowered per run so the
 chunking workers and rotation inside them are exercised), two interleaved
@@ -167,6 +168,22 @@ def op_write_file(rng: random.Random, m: Model) -> Op:
     s.files[path] = data
     states.append(s)
     return Op(f"write_file {path} ({len(data)} B)", {"create", "commit"}, states, lambda r: r.store.write_file(path, data))
+
+
+def op_create_filled(rng: random.Random, m: Model) -> Op:
+    """A file made by its first version (a copy-up's create): no state in which it is empty."""
+    path = rng.choice([p for p in FILES if p not in m.files])
+    data = gen_data(rng, m)
+    after = m.copy()
+    after.files[path] = data
+    head, name = split(path)
+
+    def fill(session) -> None:  # type: ignore[no-untyped-def]
+        for off in range(0, len(data), 700 * KiB):
+            session.write(off, data[off:off + 700 * KiB])
+
+    return Op(f"create_filled {path} ({len(data)} B)", {"create"}, [m.copy(), after],
+              lambda r: r.store.create_filled(r.store.resolve(head).ino, name, fill))
 
 
 def _edits(rng: random.Random, cur: bytearray, donor: bytes) -> list[tuple]:
@@ -419,6 +436,7 @@ def op_reopen(rng: random.Random, m: Model) -> Op:
 
 OPS: list[tuple[int, Callable[[random.Random, Model], Op], Callable[[Model], bool]]] = [
     (24, op_write_file, lambda m: True),
+    (6, op_create_filled, lambda m: any(p not in m.files for p in FILES)),
     (20, op_edit, lambda m: bool(m.files)),
     (12, op_stream, lambda m: True),
     (6, op_session_gc, lambda m: bool(m.files)),

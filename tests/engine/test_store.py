@@ -243,6 +243,53 @@ def test_crash_between_sync_and_catalog_commit(path, monkeypatch):
         assert s2.read_file("/m.pt") == data(100_000, 1)
 
 
+def test_create_filled_makes_the_file_with_its_first_version_or_nothing(path):
+    """Store.create_filled: the file and its first version in one transaction (a copy-up's
+    create). A failed fill, a name taken meanwhile, and a kill between the data's sync and
+    that transaction all leave no file; an empty fill makes an empty file."""
+    with Store.open(path) as s:
+        blob = data(3_000_000, 3)
+
+        def fill(session):  # type: ignore[no-untyped-def]
+            for off in range(0, len(blob), 1 << 20):
+                session.write(off, blob[off:off + (1 << 20)])
+
+        attr = s.create_filled(ROOT_INO, b"a.bin", fill, 0o640, 7, 8)
+        assert (attr.size, stat.S_IMODE(attr.mode), attr.uid, attr.gid) == (len(blob), 0o640, 7, 8)
+        assert s.read_file("/a.bin") == blob and len(s.history("/a.bin")) == 1  # never an empty version
+        with pytest.raises(Exists):
+            s.create_filled(ROOT_INO, b"a.bin", lambda session: session.write(0, b"other"))
+        assert s.read_file("/a.bin") == blob
+
+        def broken(session):  # type: ignore[no-untyped-def]
+            session.write(0, data(500_000, 4))
+            raise CorruptData("the source's bytes are damaged")
+
+        with pytest.raises(CorruptData):
+            s.create_filled(ROOT_INO, b"b.bin", broken)
+        with pytest.raises(NotFound):
+            s.resolve("/b.bin")
+        assert s.create_filled(ROOT_INO, b"empty", lambda session: None).size == 0
+        assert s.read_file("/empty") == b""
+        s.gc()
+        assert s.fsck().unreferenced_bytes == 0
+    s = Store.open(path)
+
+    def killed(fn, op, durable=True):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt("killed")
+
+    s.catalog.write = killed  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        s.create_filled(ROOT_INO, b"c.bin", lambda session: session.write(0, data(800_000, 5)))
+    s.catalog.close()  # kill -9: nothing else closed
+    os.close(s._lock_fd)
+    with Store.open(path) as s2:
+        with pytest.raises(NotFound):
+            s2.resolve("/c.bin")
+        assert s2.read_file("/a.bin") == blob
+    assert_clean(path)
+
+
 def test_segment_rotation_and_reopen(path):
     blobs = {f"/f{i}": data(1_500_000, 20 + i) for i in range(8)}  # 12 MB over 4 MiB segments
     with Store.open(path) as s:
