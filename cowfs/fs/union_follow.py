@@ -122,9 +122,10 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
                 if changes is None:
                     continue
                 await told(changes)
-                log.info("merged %s (%d inodes, %d entries changed) in %.3f s",
+                log.info("merged %s (%d inodes, %d entries changed) in %.3f s (%s)",
                          ", ".join(f"store {s} generation {gk[0]}" for s, gk in sorted(wanted.items()) if s not in failed),
-                         len(changes.inos), len(changes.entries), trio.current_time() - started)
+                         len(changes.inos), len(changes.entries), trio.current_time() - started,
+                         ", ".join(f"{part} {sec:.3f} s" for part, sec in source.step_seconds.items()))
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(close_all, list(listeners.values()))

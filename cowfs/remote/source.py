@@ -17,6 +17,7 @@ import logging
 import os
 import sqlite3
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from ..errors import RemoteError, StoreError
@@ -139,10 +140,15 @@ class ReplicaSource:
         path = max(files, key=lambda f: (files[f], f.name))
         return path, files[path]
 
-    def fetch_catalog(self, gen: int, key: str, learn: bool = True) -> "Fetched":
+    def fetch_catalog(self, gen: int, key: str, learn: bool = True,
+                      before_apply: Callable[[], None] | None = None) -> "Fetched":
         """Generation `gen`, made servable from the packs: the delta `key` applied in place to
         the catalog file holding the generation it starts from, else the chain of objects the
-        bucket has that leads there (a whole catalog, as a new file, and deltas applied to it)."""
+        bucket has that leads there (a whole catalog, as a new file, and deltas applied to it).
+        `learn` False: the caller learns the indexes; `before_apply` (then) is called after
+        each object is downloaded and before it is applied, which needs the indexes of the
+        packs its chunks are in: it returns once they are learnt (or raises why not), so the
+        downloads run beside the learning (union_source.py)."""
         cur = self.current()
         if cur is not None and cur[1] >= gen:
             return Fetched(cur[0], cur[1], Changes(cur[1], cur[1]), new_file=False)
@@ -169,10 +175,10 @@ class ReplicaSource:
             try:
                 for step in steps:
                     if step.from_gen is None:
-                        path, new_file = self._whole(step), True
+                        path, new_file = self._whole(step, before_apply), True
                     else:
                         assert path is not None
-                        self._delta(path, step, changes)
+                        self._delta(path, step, changes, before_apply)
                 assert path is not None
                 if new_file:  # what changed since the generation served before: a scan of the new file
                     changes = self._scan(path, origin, gen)
@@ -203,10 +209,12 @@ class ReplicaSource:
         finally:
             conn.close()
 
-    def _whole(self, cat: CatalogObject) -> Path:
+    def _whole(self, cat: CatalogObject, before_apply: Callable[[], None] | None = None) -> Path:
         dest = self.cache / catalog_name(self.store_uuid, cat.generation)
         tmp = dest.with_name(dest.name + ".tmp")
         self._get(cat.key, tmp)
+        if before_apply is not None:
+            before_apply()
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
             check_schema(conn, cat.key)
@@ -225,7 +233,8 @@ class ReplicaSource:
         os.replace(tmp, dest)
         return dest
 
-    def _delta(self, path: Path, cat: CatalogObject, changes: Changes) -> None:
+    def _delta(self, path: Path, cat: CatalogObject, changes: Changes,
+               before_apply: Callable[[], None] | None = None) -> None:
         """Apply the delta `cat` to the catalog file `path` in place, in one transaction: its
         rows, then its new chunk rows and those in packs the cache's remote.db no longer
         knows pointed at the packs; what it changed is added to `changes`. Readers of the
@@ -234,6 +243,8 @@ class ReplicaSource:
         part = path.with_name(f"{path.name}.{cat.generation}.delta")
         try:
             self._get(cat.key, part)
+            if before_apply is not None:
+                before_apply()
             conn = sqlite3.connect(path, isolation_level=None)
             try:
                 conn.execute("ATTACH DATABASE ? AS d", (str(part),))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,24 @@ UNION_FILE = "union.db"
 FETCH_THREADS = 8  # stores' catalog objects fetched side by side in one batch of steps
 
 
+class _Learnt:
+    """The indexes a batch of steps needs, learnt (or not) on another thread: `wait` returns
+    once they are, or raises why not."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+
+    def done(self, error: BaseException | None) -> None:
+        self._error = error
+        self._event.set()
+
+    def wait(self) -> None:
+        self._event.wait()
+        if self._error is not None:
+            raise RemoteError(f"the pack indexes were not read: {self._error}")
+
+
 class UnionSource:
     """`exclude`: a store left out (a producer's own, whose peers it shows beside its own
     tree: fs/union_ops.py); such a source takes no pins."""
@@ -43,6 +62,7 @@ class UnionSource:
         self.merged: MergedCatalog = fresh(cache / UNION_FILE, self.shared.state_path)
         self._resync = False  # a step failed after its store's file moved on: look at everything again
         self._held: dict[str, int] = {}  # store -> the generation the merged tree shows
+        self.step_seconds: dict[str, float] = {}  # the last batch of steps: its parts' times, for the log
         self.write_lock = threading.Lock()  # the merged catalog's writes: steps, and pins (pins.py)
         self.pins: Pins | None = None if exclude else Pins(cache, self.shared, self.merged, self.write_lock)
         if self.shared.reset:
@@ -98,22 +118,35 @@ class UnionSource:
         todo = {s: gk for s, gk in wanted.items() if gk[0] > self.held(s) or self._resync}
         if not todo:
             return None, {}
-        self.shared.learn_indexes()
+        t0 = time.monotonic()
+        learnt = _Learnt()
         failed: dict[str, Exception] = {}
         fetched: dict[str, Fetched] = {}
+
+        def learn() -> None:
+            try:
+                self.shared.learn_indexes()
+            except BaseException as e:
+                learnt.done(e)
+                raise
+            learnt.done(None)
+            self.step_seconds["indexes"] = time.monotonic() - t0
 
         def fetch(store: str) -> None:
             gen, key = todo[store]
             try:
-                fetched[store] = self.add_store(store).fetch_catalog(gen, key, learn=False)
+                fetched[store] = self.add_store(store).fetch_catalog(gen, key, learn=False, before_apply=learnt.wait)
             except CowfsError as e:
                 failed[store] = e
 
-        if len(todo) == 1:
-            fetch(next(iter(todo)))
-        else:
-            with ThreadPoolExecutor(min(len(todo), FETCH_THREADS), thread_name_prefix="cowfs-union-fetch") as pool:
-                list(pool.map(fetch, sorted(todo)))
+        # the indexes learnt beside the downloads of the catalog objects, which wait for them
+        # only to be applied (their chunk rows are pointed at the packs)
+        self.step_seconds = {}
+        with ThreadPoolExecutor(1 + min(len(todo), FETCH_THREADS), thread_name_prefix="cowfs-union-fetch") as pool:
+            learning = pool.submit(learn)
+            list(pool.map(fetch, sorted(todo)))
+            learning.result()  # a failure to learn fails the batch (its stores were not applied)
+        t2 = time.monotonic()
         if not fetched:
             return None, failed
         try:
@@ -132,6 +165,7 @@ class UnionSource:
         except BaseException:
             self._resync = True
             raise
+        self.step_seconds.update(catalogs=t2 - t0, merge=time.monotonic() - t2)
         for store, f in fetched.items():
             self.followers[store].drop_catalogs({f.path})  # the merged catalog holds what it needs of them
         return changes, failed
