@@ -17,8 +17,8 @@ import logging
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from ..errors import RemoteError, StoreError
 from ..store.catalog.schema import SAME_TABLES, SCHEMA_VERSION

@@ -323,8 +323,9 @@ class Store(TreeChanges):
     def _new_session(self, ino: int, content_id: int | None, extents: list[Extent], size: int,
                      commit_fn: Callable[[WriteSession, list[Extent]], tuple[Attr | None, list[Extent]]] | None = None
                      ) -> WriteSession:
-        """(under _mutex) A session from its base version, held and registered; with `commit_fn`
-        (a file not made yet, `ino` 0: TreeChanges.create_filled) neither, committed by it."""
+        """(under _mutex) A session from its base version, held and registered. With `commit_fn`
+        (a file not made yet, `ino` 0: TreeChanges.create_filled) neither, so no _mutex needed:
+        the session is the caller's alone and `commit_fn` commits it."""
         from .tensors.write_layout import WriteLayout  # here: most commands never write (0.08 s of start-up)
         session = WriteSession(ino, extents, size, self.log, self.index, self.executor, self.root / SPILL_DIR,
                                self.read_chunk, commit_fn or self._commit_version, self._session_closed,
