@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tools.bench.scaling import Streams, Window
+from tools.bench.scaling import CowfsMount, Streams, Window
 from tools.bench.scalingreport import (GIB, MIB, options_from_args, parse_size, parse_streams, section, spread,
                                        summarize, table, targets, thread_table)
 
@@ -137,7 +137,7 @@ def test_section_keeps_rows_and_targets_and_says_what_the_budget_skipped() -> No
 
 def _args(**kw: Any) -> argparse.Namespace:
     base = {"full": False, "streams": "1,4,8,16", "mib_per_stream": None, "reps": 2, "torch_gib": None,
-            "workers": None, "tmpfs": False, "tmpfs_size": None, "budget_s": None}
+            "workers": None, "scaling_writeback": "default", "tmpfs": False, "tmpfs_size": None, "budget_s": None}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -153,6 +153,19 @@ def test_options_quick_and_full() -> None:
             options_from_args(bad)
     assert parse_size("512M") == 512 * MIB and parse_size("24GiB") == 24 * GIB and parse_size("4096") == 4096
     assert parse_streams(" 1, 16 ") == [1, 16]
+
+
+@pytest.mark.parametrize("writeback, flags", [("default", []), ("on", ["--writeback-cache"]),
+                                              ("off", ["--no-writeback-cache"])])
+def test_the_mount_takes_the_writeback_choice(monkeypatch: pytest.MonkeyPatch, writeback: str,
+                                              flags: list[str]) -> None:
+    import tools.bench.mounting
+
+    seen: list[tuple[str, ...]] = []
+    monkeypatch.setattr(tools.bench.mounting, "mount_store", lambda store, mnt, *extra: seen.append(extra) or 1)
+    opts = options_from_args(_args(workers=16, scaling_writeback=writeback))
+    CowfsMount(Path("s"), Path("m"), opts.workers, opts.writeback).mount()
+    assert seen == [("--compact-idle", "off", "--workers", "16", *flags)]
 
 
 def test_streams_fail_loudly_on_wrong_bytes(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ One store (`cowfs init --device file`, mounted with `--compact-idle off`) and a 
 in the same work directory (`--tmpfs`: a fresh tmpfs, as the issue's RAM-backed store). R rank
 processes (a gloo group; `python -m tools.bench.dcp_ranks` with the rank's arguments) each
 hold GIB/R of new random fp32 tensors, under keys of their own (so DCP writes every rank's
-tensors, none deduplicated as replicated). For each rep, the arms in an order that turns:
+tensors, none deduplicated as replicated), new random bytes for every arm of every rep (so
+that no cowfs arm finds its chunks stored by an arm before it). For each rep, the arms in an
+order that turns:
 
 * save: `dcp.save` with cowfs.dcp.Writer into the mount ("cowfs"), FileSystemWriter into the
   plain directory ("plain") and FileSystemWriter through the mount ("fuse"): the wall time
@@ -41,17 +43,27 @@ REPO = Path(__file__).resolve().parents[2]
 SAVE_ARMS = ("cowfs", "plain", "fuse")
 ASYNC_ARMS = ("cowfs", "plain")
 TENSOR_MIB = 64
+ARM_SEEDS = {("save", "cowfs"): 1, ("save", "plain"): 2, ("save", "fuse"): 3, ("async", "cowfs"): 4, ("async", "plain"): 5}
 
 
 # --- a rank: `python -m tools.bench.dcp_ranks --rank I ...`
 
-def _state(rank: int, nbytes: int, seed: int) -> dict[str, Any]:
+def _state(rank: int, nbytes: int) -> dict[str, Any]:
     import torch
 
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
     per = TENSOR_MIB << 18  # fp32 elements per tensor
     count = max(1, nbytes // (per * 4))
-    return {f"rank{rank}.layer{i}": torch.empty(per).uniform_(generator=g) for i in range(count)}
+    return {f"rank{rank}.layer{i}": torch.empty(per) for i in range(count)}
+
+
+def _fill(state: dict[str, Any], rank: int, rep: int, kind: str, arm: str) -> None:
+    """New random bytes for one arm's save (and its load's check): every arm of every rep
+    saves bytes of its own, so no cowfs arm finds its chunks stored by an arm before it."""
+    import torch
+
+    g = torch.Generator().manual_seed((rep * 16 + ARM_SEEDS[kind, arm]) * 1000 + rank)
+    for t in state.values():
+        t.uniform_(generator=g)
 
 
 def _writer(arm: str, root: Path, rep: int, kind: str) -> Any:
@@ -80,7 +92,7 @@ def rank_main(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world)
     root, rep = Path(args.root), args.rep
-    state = _state(args.rank, args.bytes_per_rank, rep)
+    state = _state(args.rank, args.bytes_per_rank)
     out: dict[str, float] = {}
 
     def slowest(seconds: float) -> float:
@@ -90,12 +102,14 @@ def rank_main(args: argparse.Namespace) -> int:
 
     if args.op == "save":
         for arm in args.arms.split(","):
+            _fill(state, args.rank, rep, "save", arm)
             dist.barrier()
             t0 = time.perf_counter()
             dcp.save(state, storage_writer=_writer(arm, root, rep, "save"))
             dist.barrier()
             out[f"save_{arm}_s"] = time.perf_counter() - t0
         for arm in args.async_arms.split(",") if args.async_arms else []:
+            _fill(state, args.rank, rep, "async", arm)
             dist.barrier()
             t0 = time.perf_counter()
             future = dcp.async_save(state, storage_writer=_writer(arm, root, rep, "async"))
@@ -106,6 +120,7 @@ def rank_main(args: argparse.Namespace) -> int:
             out[f"async_{arm}_stall_s"] = slowest(stall)
     else:
         for arm in args.arms.split(","):
+            _fill(state, args.rank, rep, "save", arm)
             target = {k: torch.empty_like(v) for k, v in state.items()}
             dist.barrier()
             t0 = time.perf_counter()

@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sc.add_argument("--torch-gib", type=float, default=None, help="GiB of the torch.save / torch.load state dict "
                     "(default 0.25 quick, 4 full; 0 skips torch)")
     sc.add_argument("--workers", type=int, default=None, help="cowfs mount --workers N (default: cowfs mount's)")
+    sc.add_argument("--scaling-writeback", choices=("default", "on", "off"), default="default",
+                    help="the scaling part's mount: the kernel's writeback cache as cowfs mount sets it, on or off")
     sc.add_argument("--tmpfs", action="store_true", help="run the part on a fresh tmpfs mounted under the work "
                     "directory (RAM-backed figures; unmounted at the end)")
     sc.add_argument("--tmpfs-size", default=None, help="size of that tmpfs, e.g. 32G (default: what the largest "

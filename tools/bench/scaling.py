@@ -268,14 +268,16 @@ class Streams:
 class CowfsMount:
     """The part's one store on `mnt`, with the options of the issue; remounted for cold reads."""
 
-    def __init__(self, store: Path, mnt: Path, workers: int | None) -> None:
-        self.store, self.mnt, self.workers = store, mnt, workers
+    def __init__(self, store: Path, mnt: Path, workers: int | None, writeback: str = "default") -> None:
+        self.store, self.mnt, self.workers, self.writeback = store, mnt, workers, writeback
         self.pid: int | None = None
 
     def mount(self) -> None:
         from .mounting import mount_store
 
         extra = ["--workers", str(self.workers)] if self.workers else []
+        if self.writeback != "default":
+            extra.append("--writeback-cache" if self.writeback == "on" else "--no-writeback-cache")
         self.pid = mount_store(self.store, self.mnt, "--compact-idle", "off", *extra)
 
     def unmount(self) -> None:
@@ -317,7 +319,7 @@ class _Part:
 
     def __init__(self, root: Path, opts: ScalingOptions, log: Log) -> None:
         self.opts, self.log = opts, log
-        self.mount = CowfsMount(root / "store", root / "mnt", opts.workers)
+        self.mount = CowfsMount(root / "store", root / "mnt", opts.workers, opts.writeback)
         self.plain = root / "plain"
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
@@ -472,7 +474,7 @@ def run_scaling(work: Path, opts: ScalingOptions, log: Log) -> dict[str, Any]:
                 "streams": opts.streams,
                 "mib_per_stream": opts.mib_per_stream, "reps": opts.reps, "torch_gib": opts.torch_gib,
                 "torch_bytes": next((r["bytes"] for r in part.runs if r["part"] == "torch-save"), 0),
-                "workers": opts.workers, "tmpfs": opts.tmpfs, "budget_s": opts.budget_s, "skipped": part.skipped,
+                "workers": opts.workers, "writeback": opts.writeback, "tmpfs": opts.tmpfs, "budget_s": opts.budget_s, "skipped": part.skipped,
                 "elapsed_s": time.monotonic() - part.started, "caches_dropped": part.caches_dropped,
                 "runs": part.runs}
     finally:

@@ -39,6 +39,9 @@ CPU_PER_GIB_WRITTEN = 0.8
 CPU_PER_GIB_READ = 0.4
 
 
+WRITEBACK_FLAG = {"on": ", --writeback-cache", "off": ", --no-writeback-cache", "default": ""}
+
+
 @dataclasses.dataclass
 class ScalingOptions:
     streams: list[int]
@@ -46,6 +49,7 @@ class ScalingOptions:
     reps: int = 2
     torch_gib: float = 0.25
     workers: int | None = None  # cowfs mount --workers
+    writeback: str = "default"  # cowfs mount --writeback-cache ("on"), --no-writeback-cache ("off") or neither
     tmpfs: bool = False
     tmpfs_size: str | None = None  # None: the largest stream count and the torch file, in both arms at once
     budget_s: float | None = None
@@ -82,7 +86,8 @@ def options_from_args(args: Any) -> ScalingOptions:
     if mib < 1 or args.reps < 1 or torch_gib < 0 or not math.isfinite(torch_gib):
         raise ValueError("--mib-per-stream and --reps want at least 1, --torch-gib at least 0")
     return ScalingOptions(streams=parse_streams(args.streams), mib_per_stream=mib, reps=args.reps, torch_gib=torch_gib,
-                          workers=args.workers, tmpfs=args.tmpfs, tmpfs_size=args.tmpfs_size, budget_s=args.budget_s)
+                          workers=args.workers, writeback=args.scaling_writeback, tmpfs=args.tmpfs,
+                          tmpfs_size=args.tmpfs_size, budget_s=args.budget_s)
 
 
 def med(xs: list[float]) -> float:
@@ -244,7 +249,8 @@ def markdown(sc: dict[str, Any], rows: list[dict[str, Any]], tgts: list[dict[str
     else:
         torch_note = f"torch: {sc['torch_gib']:g} GiB asked for, not run"
     lines = [f"One mount (`cowfs init --device file`, `--compact-idle off`"
-             f"{', --workers ' + str(sc['workers']) if sc.get('workers') else ''}) against a plain directory, both in "
+             f"{', --workers ' + str(sc['workers']) if sc.get('workers') else ''}"
+             f"{WRITEBACK_FLAG.get(sc.get('writeback', 'default'), '')}) against a plain directory, both in "
              f"{sc['fs']}; {sc['cpus']} CPUs; pyfuse3 {sc.get('pyfuse3', 'unknown')}; {sc['mib_per_stream']} MiB "
              f"per stream; {torch_note}; "
              f"{sc['reps']} rep(s) per S, cowfs and plain alternating first; page cache dropped before reads: "
