@@ -53,14 +53,18 @@ def _fill_memfd(reader: "FileReader") -> int:
     return memfd
 
 
+def _populate_for_write(part: memoryview) -> None:
+    _native.populate(part, True)
+
+
 def _read_into_memfd(reader: "FileReader", memfd: int, size: int) -> None:
-    # the memfd's pages made and mapped in one go, not one fault at a time; by populate,
-    # which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
+    # the memfd's pages made and mapped a span at a time, not one fault at a time, by the
+    # threads that fill the spans (making shmem pages costs as much as reading them): by
+    # populate, which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
     mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
     view = memoryview(mapping)
-    _native.populate(view, True)
     try:
-        reader.read_into(view)
+        reader.read_into(view, _populate_for_write)
         failure = None
     except BaseException as e:  # its traceback's frames hold views of the mapping: dropped
         failure = e.with_traceback(None)

@@ -260,6 +260,43 @@ def test_read_into_gives_the_whole_version(store, size):
             r.read_into(memoryview(bytearray(size + 1)))
 
 
+def test_read_into_prepares_each_span_before_filling_it_and_advises_ahead(store, monkeypatch):
+    """read_into calls `prepare` on each span's part of the destination, on the thread that
+    loads it and before any byte of it is written; the parts cover the destination once; and
+    every record run is advised (read ahead) before it is read."""
+    ino, body = _file(store)
+    advised: list[tuple[int, int, int]] = []
+    read: list[tuple[int, int]] = []
+    real_advise, real_read_run = store.log.will_need, store.log.read_run
+    monkeypatch.setattr(store.log, "will_need", lambda seg, at, n: (advised.append((seg, at, n)),
+                                                                       real_advise(seg, at, n)))
+
+    def read_run(seg, at, items, verify=True):
+        assert any(s == seg and a <= at < a + n for s, a, n in advised), "read before it was advised"
+        read.append((seg, at))
+        return real_read_run(seg, at, items, verify)
+
+    monkeypatch.setattr(store.log, "read_run", read_run)
+    with store.open_reader(ino) as r:
+        dest = bytearray(b"\xff" * SIZE)
+        view = memoryview(dest)
+        parts: list[int] = []
+        lock = threading.Lock()
+        threads: set[int] = set()
+
+        def prepare(part: memoryview) -> None:
+            assert part.tobytes() == b"\xff" * len(part)  # nothing of the span written yet
+            with lock:
+                parts.append(len(part))
+                threads.add(threading.get_ident())
+
+        r.read_into(view, prepare)
+        assert bytes(dest) == body
+        assert sum(parts) == SIZE and len(parts) > 4
+        assert threading.get_ident() not in threads  # made on the read-ahead pool's threads
+    assert read
+
+
 def test_read_into_a_sparse_file(store):
     with store.open_reader(_sparse_file(store)) as r:
         dest = bytearray(r.size)

@@ -43,6 +43,7 @@ Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they
 
 WINDOW = 4 << 20  # bytes of a window (the kernel sends READs of up to 1 MiB)
 AHEAD = 2  # windows loaded ahead of the one being read
+INTO_AHEAD = 8  # spans of read_into the device is asked to read before they are loaded
 MAX_RUN = 256  # records per read_run (3 buffers each, within one preadv's 1024)
 
 
@@ -175,11 +176,14 @@ class FileReader:
         with self._lock:
             return self._plan(offset, end, None)
 
-    def read_into(self, dest: memoryview) -> None:
+    def read_into(self, dest: memoryview, prepare: Callable[[memoryview], None] | None = None) -> None:
         """The whole version into `dest` (`size` bytes, zero-filled: a fresh memfd's pages), each
         chunk checked as every read is: spans of about WINDOW bytes that begin at chunk starts,
-        read straight into their place by the read-ahead pool's threads at once. A damaged
-        chunk raises CorruptData, after every span has finished with `dest`."""
+        read straight into their place by the read-ahead pool's threads at once, the device
+        asked to read INTO_AHEAD spans ahead of them. `prepare(part)` is called on each span's
+        part of `dest` by the thread that loads it, before it does (a memfd's pages are made
+        there, on every thread at once). A damaged chunk raises CorruptData, after every span
+        has finished with `dest`."""
         if len(dest) != self.size:
             raise ValueError(f"read_into needs {self.size} bytes, not {len(dest)}")
         starts = [e.offset for e in self.extents if e.chunk is not None]  # where a span may begin
@@ -192,17 +196,28 @@ class FileReader:
         if lo < self.size:
             spans.append((lo, self.size))
 
-        def load(span: tuple[int, int]) -> None:
-            lo, hi = span
+        def advise(i: int) -> None:
+            if self._advise is not None and i < len(spans):
+                exts, _base, _top = covering(self.extents, self._starts, self.size, *spans[i])
+                for seg, at, n, _run in record_runs(exts):
+                    self._advise(seg, at, n)
+
+        def load(i: int) -> None:
+            advise(i + INTO_AHEAD)  # the device reads ahead of the spans being loaded
+            lo, hi = spans[i]
+            if prepare is not None:
+                prepare(dest[lo:hi])
             read_window(self.extents, self._starts, self.size, self._read_run, self._check, lo, hi,
                         lambda n: dest[lo:lo + n], self._decode)  # type: ignore[arg-type, return-value]
 
         with self._named_errors():
+            for i in range(min(INTO_AHEAD, len(spans))):
+                advise(i)
             if self._prefetch is None or len(spans) < 2:
-                for span in spans:
-                    load(span)
+                for i in range(len(spans)):
+                    load(i)
                 return
-            futures = [self._prefetch(load, span) for span in spans]
+            futures = [self._prefetch(load, i) for i in range(len(spans))]
             errors = [f.exception() for f in futures]  # (waits for all: none writes to dest after)
             for e in errors:
                 if e is not None:
