@@ -54,7 +54,9 @@ def daemon_pid(store: Path) -> int | None:
 
 def process_alive(pid: int) -> bool:
     """Whether process `pid` exists and has not exited (a zombie waiting to be reaped counts
-    as exited). Used by umount and by the test and benchmark harnesses."""
+    as exited). Every thread counts: a process whose main thread has ended shows as a zombie
+    while its other threads still exit, holding its descriptors (a store's catalog and its
+    locks). Used by umount and by the test and benchmark harnesses."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,10 +64,17 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
-    except (OSError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1][0] not in "ZX":
+                    return True
+        except (OSError, IndexError):
+            continue  # (that thread is gone)
+    return False
 
 
 def lazy_unmount(mountpoint: str | Path) -> bool:
