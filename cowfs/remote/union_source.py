@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import CowfsError, RemoteError
@@ -30,22 +30,13 @@ UNION_FILE = "union.db"
 FETCH_THREADS = 8  # stores' catalog objects fetched side by side in one batch of steps
 
 
-class _Learnt:
-    """The indexes a batch of steps needs, learnt (or not) on another thread: `wait` returns
-    once they are, or raises why not."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._error: BaseException | None = None
-
-    def done(self, error: BaseException | None) -> None:
-        self._error = error
-        self._event.set()
-
-    def wait(self) -> None:
-        self._event.wait()
-        if self._error is not None:
-            raise RemoteError(f"the pack indexes were not read: {self._error}")
+def _indexes_learnt(learning: "Future[None]") -> None:
+    """Return once the indexes a batch of steps needs are learnt (on another thread), or
+    raise why they are not."""
+    try:
+        learning.result()
+    except Exception as e:
+        raise RemoteError(f"the pack indexes were not read: {e}") from e
 
 
 class UnionSource:
@@ -119,31 +110,27 @@ class UnionSource:
         if not todo:
             return None, {}
         t0 = time.monotonic()
-        learnt = _Learnt()
         failed: dict[str, Exception] = {}
         fetched: dict[str, Fetched] = {}
+        self.step_seconds = {}
 
         def learn() -> None:
-            try:
-                self.shared.learn_indexes()
-            except BaseException as e:
-                learnt.done(e)
-                raise
-            learnt.done(None)
+            self.shared.learn_indexes()
             self.step_seconds["indexes"] = time.monotonic() - t0
-
-        def fetch(store: str) -> None:
-            gen, key = todo[store]
-            try:
-                fetched[store] = self.add_store(store).fetch_catalog(gen, key, learn=False, before_apply=learnt.wait)
-            except CowfsError as e:
-                failed[store] = e
 
         # the indexes learnt beside the downloads of the catalog objects, which wait for them
         # only to be applied (their chunk rows are pointed at the packs)
-        self.step_seconds = {}
         with ThreadPoolExecutor(1 + min(len(todo), FETCH_THREADS), thread_name_prefix="cowfs-union-fetch") as pool:
             learning = pool.submit(learn)
+
+            def fetch(store: str) -> None:
+                gen, key = todo[store]
+                try:
+                    fetched[store] = self.add_store(store).fetch_catalog(
+                        gen, key, learn=False, before_apply=lambda: _indexes_learnt(learning))
+                except CowfsError as e:
+                    failed[store] = e
+
             list(pool.map(fetch, sorted(todo)))
             learning.result()  # a failure to learn fails the batch (its stores were not applied)
         t2 = time.monotonic()

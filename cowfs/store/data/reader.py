@@ -197,10 +197,8 @@ class FileReader:
             spans.append((lo, self.size))
 
         def advise(i: int) -> None:
-            if self._advise is not None and i < len(spans):
-                exts, _base, _top = covering(self.extents, self._starts, self.size, *spans[i])
-                for seg, at, n, _run in record_runs(exts):
-                    self._advise(seg, at, n)
+            if i < len(spans):
+                self._advise_range(*spans[i])
 
         def load(i: int) -> None:
             advise(i + INTO_AHEAD)  # the device reads ahead of the spans being loaded
@@ -269,11 +267,16 @@ class FileReader:
         """Window k; and the device is asked to start reading window k + AHEAD, so that its load
         (read ahead later) finds the bytes in memory rather than waiting for the disk."""
         hint = k + AHEAD
-        if self._advise is not None and self._prefetch is not None and hint * WINDOW < self.size:
-            exts, _base, _top = covering(self.extents, self._starts, self.size, hint * WINDOW, (hint + 1) * WINDOW)
+        if self._prefetch is not None and hint * WINDOW < self.size:
+            self._advise_range(hint * WINDOW, (hint + 1) * WINDOW)
+        return self._load_range(k * WINDOW, (k + 1) * WINDOW)
+
+    def _advise_range(self, lo: int, hi: int) -> None:
+        """Ask the device to start reading the records of the chunks covering [lo, hi)."""
+        if self._advise is not None:
+            exts, _base, _top = covering(self.extents, self._starts, self.size, lo, hi)
             for seg, at, n, _run in record_runs(exts):
                 self._advise(seg, at, n)
-        return self._load_range(k * WINDOW, (k + 1) * WINDOW)
 
     def _load_range(self, lo: int, hi: int) -> Window:
         pool = self._buffers
