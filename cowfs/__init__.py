@@ -31,3 +31,11 @@ def wait_for_saves() -> None:
     from .plugins.torch_io import wait_for_saves as _wait  # noqa: PLC0415
 
     _wait()
+
+
+def keep_save_memory(max_bytes: int) -> None:
+    """Keep at most `max_bytes` of the memory saves are copied into for the next saves (by
+    default a quarter of the memory; 0 keeps none): plugins/part_memfds.py."""
+    from .plugins.part_memfds import keep_save_memory as _keep  # noqa: PLC0415
+
+    _keep(max_bytes)

@@ -21,8 +21,11 @@ def bulk_socket_name(st_dev: int) -> str:
     `st_dev` moves files' bytes without FUSE requests (fs/bulk_server.py, plugins/bulk.py).
     Wire format: one message per connection, a JSON line with descriptors (SCM_RIGHTS), and
     one JSON line back, as on the control socket:
-      {"op": "put", "size": N} with the file (opened for writing through the mount) and a
-        sealed memfd of N bytes: they become the file's new version;
+      {"op": "put", "fd": F, "size": N, "more": M} with a memfd holding the part's N bytes
+        from offset 0 (F: the client's descriptor of the file, opened for writing through
+        the mount), then while M, {"size": N, "more": M} with a memfd each: the parts'
+        bytes become the file's new version (a memfd sealed against writes and shrinking is
+        read in place, any other is copied first);
       {"op": "get"} with the file (opened for reading through the mount): the reply
         {"ok": true, "result": {"size": N, ...}} carries a sealed memfd of its N bytes."""
     return f"\0cowfs-bulk-{os.major(st_dev)}:{os.minor(st_dev)}"

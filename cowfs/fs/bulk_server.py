@@ -3,7 +3,7 @@
 An abstract unix socket named after the mount's device (`protocol.bulk_socket_name`) takes
 one request per connection: a JSON line with descriptors (SCM_RIGHTS), naming the file by
 the number of the client's descriptor of it, opened through this mount (the kernel's open
-checks are the permission checks; bulk_target.py reads it from the client's fdinfo). A put (put_op.py) commits a sealed memfd's bytes as the file's new version; a get
+checks are the permission checks; bulk_target.py reads it from the client's fdinfo). A put (put_op.py) commits the bytes of its memfds as the file's new version; a get
 (get_op.py) answers with a sealed memfd of the file's bytes. Every failure is one JSON reply
 {"ok": false, "error", "errno"} and changes nothing.
 """

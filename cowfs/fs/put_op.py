@@ -1,19 +1,22 @@
-"""A put (fs/bulk_server.py): a file's new bytes handed over in sealed memfds and committed as
-its new version without FUSE requests (issue 34; docs/design.md section 18).
+"""A put (fs/bulk_server.py): a file's new bytes handed over in memfds and committed as its new
+version without FUSE requests (issue 34; docs/design.md section 18).
 
 A client (`cowfs.plugins.put`) opens the file through the mount for writing, so the kernel
 has made every check an open makes (permissions, a read-only snapshot: EROFS), and names
-that descriptor in its request (bulk_target.py). The bytes come in parts, each a memfd
-sealed against writes and shrinking, sent as soon as it is full: the file's write session
-(the one the client's open made) takes each part's pages as they come, read-only views of
-a read-only mapping passed to the native batches without a copy in Python, so the daemon
-cuts, hashes and writes one part while the client makes the next. After the last part it
-commits: durable when the reply goes out. Versions, dedup, snapshots and uploads follow
-from that commit as from a save through the mount. While a put runs, the session's
-`put_lock` is held: a FLUSH does not commit (the put commits its bytes whole, or drops
-them), and fsync, RELEASE, WRITE and truncation wait for it. A failure, or a client gone
-before its last part, aborts the session's uncommitted changes: the file keeps its last
-committed version.
+that descriptor in its request (bulk_target.py). The bytes come in parts, each a memfd,
+sent as soon as it is full: the file's write session (the one the client's open made)
+takes each part as it comes, so the daemon cuts, hashes and writes one part while the
+client makes the next. A part sealed against writes and shrinking is taken as read-only
+views of a read-only mapping, passed to the native batches without a copy in Python. A
+part without those seals (a client keeps its memfds for its next put, and a seal cannot be
+taken off) is copied first, 1 MiB at a time (`pread`, as a FUSE WRITE's bytes are), so the
+bytes the daemon hashes are the bytes it stores whatever the client does meanwhile.
+After the last part it commits: durable when the reply goes out. Versions, dedup,
+snapshots and uploads follow from that commit as from a save through the mount. While a
+put runs, the session's `put_lock` is held: a FLUSH does not commit (the put commits its
+bytes whole, or drops them), and fsync, RELEASE, WRITE and truncation wait for it. A
+failure, or a client gone before its last part, aborts the session's uncommitted changes:
+the file keeps its last committed version.
 """
 from __future__ import annotations
 
@@ -42,10 +45,11 @@ SEALS_NEEDED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE
 
 
 class _PartsWriter:
-    """(worker threads, one call at a time) Parts of the new bytes, each a sealed memfd, written
-    in order into the session as read-only views of their mappings (no copy in Python: the
-    native batches cut, hash and stage straight from the pages). The mappings stay until
-    `close`, after the commit or abort: the session may hold views of them till then."""
+    """(worker threads, one call at a time) Parts of the new bytes, each a memfd, written in
+    order into the session: a sealed part as read-only views of its mapping (no copy in
+    Python: the native batches cut, hash and stage straight from the pages), an unsealed
+    one as copies. The mappings stay until `close`, after the commit or abort: the session
+    may hold views of them till then."""
 
     def __init__(self, session: "WriteSession") -> None:
         self.session = session
@@ -54,8 +58,11 @@ class _PartsWriter:
         self._views: list[memoryview] = []
         session.truncate(0)
 
-    def write(self, memfd: int, size: int) -> None:
+    def write(self, memfd: int, size: int, sealed: bool) -> None:
         if not size:
+            return
+        if not sealed:
+            self._copy(memfd, size)
             return
         # the pages mapped in one go, not faulted in one by one by the gear loop; by
         # populate, which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
@@ -66,6 +73,16 @@ class _PartsWriter:
         _native.populate(view)
         for off in range(0, size, PUT_PIECE):
             self.session.write(self.size + off, view[off:off + PUT_PIECE], borrow=True)
+        self.size += size
+
+    def _copy(self, memfd: int, size: int) -> None:
+        for off in range(0, size, PUT_PIECE):
+            want = min(PUT_PIECE, size - off)
+            piece = os.pread(memfd, want, off)  # (the GIL released; never a SIGBUS, unlike a mapping)
+            if len(piece) != want:
+                raise CowfsError(f"the memfd shrank to {off + len(piece)} bytes while the daemon read its {size}: "
+                                 f"nothing committed", errno=errno.EINVAL)
+            self.session.write(self.size + off, piece)
         self.size += size
 
     def commit(self) -> "Attr":
@@ -85,19 +102,16 @@ class _PartsWriter:
         self._views, self._mappings = [], []
 
 
-def _sealed_size(memfd: int, size: int) -> None:
+def _sealed(memfd: int, size: int) -> bool:
+    """Whether the part's memfd is sealed against writes and shrinking (read in place) or not
+    (copied); EINVAL if it is no memfd or holds fewer than `size` bytes."""
     if not os.readlink(f"/proc/self/fd/{memfd}").startswith("/memfd:"):  # (no request to any file system)
         raise CowfsError("the bytes must come in a memfd", errno=errno.EINVAL)
     mst = os.fstat(memfd)
-    if not stat.S_ISREG(mst.st_mode) or mst.st_size != size:
+    if not stat.S_ISREG(mst.st_mode) or mst.st_size < size:
         raise CowfsError(f"the memfd holds {mst.st_size} bytes, the put says {size}", errno=errno.EINVAL)
-    try:
-        seals = fcntl.fcntl(memfd, fcntl.F_GET_SEALS)
-    except OSError:
-        raise CowfsError("the bytes must come in a memfd made with MFD_ALLOW_SEALING", errno=errno.EINVAL) from None
-    if seals & SEALS_NEEDED != SEALS_NEEDED:
-        raise CowfsError("seal the memfd against shrinking and writes (F_SEAL_SHRINK, F_SEAL_WRITE) before sending it",
-                         errno=errno.EPERM)
+    seals = fcntl.fcntl(memfd, fcntl.F_GET_SEALS)  # (a memfd made without MFD_ALLOW_SEALING: F_SEAL_SEAL)
+    return seals & SEALS_NEEDED == SEALS_NEEDED
 
 
 def _part_size(header: dict[str, Any]) -> int:
@@ -113,8 +127,7 @@ async def _parts(conn: trio.socket.SocketType, header: dict[str, Any], memfd: in
     """Write the first part (`memfd`) and every part after it while the header says more come."""
     while True:
         size = _part_size(header)
-        _sealed_size(memfd, size)
-        await trio.to_thread.run_sync(writer.write, memfd, size)
+        await trio.to_thread.run_sync(writer.write, memfd, size, _sealed(memfd, size))
         if not header.get("more"):
             return
         part_fds: list[int] = []
@@ -125,7 +138,7 @@ async def _parts(conn: trio.socket.SocketType, header: dict[str, Any], memfd: in
         if nxt is None:
             raise CowfsError("the client went away before its last part: nothing committed", errno=errno.EPIPE)
         if len(part_fds) != 1:
-            raise CowfsError(f"a part sends 1 descriptor (a sealed memfd), not {len(part_fds)}", errno=errno.EINVAL)
+            raise CowfsError(f"a part sends 1 descriptor (a memfd), not {len(part_fds)}", errno=errno.EINVAL)
         header, memfd = nxt, part_fds[0]
 
 
@@ -139,7 +152,7 @@ async def put(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
     the commit follows the last. The reply's result is the version's size and id."""
     _part_size(header)
     if len(fds) != 1:
-        raise CowfsError(f"a put sends 1 descriptor (a sealed memfd), not {len(fds)}, and names the file open for "
+        raise CowfsError(f"a put sends 1 descriptor (a memfd), not {len(fds)}, and names the file open for "
                          f"writing through the mount by its number: {{\"fd\": N}}", errno=errno.EINVAL)
     memfd = fds[0]
     _view, ino, fuse_ino = await target_file(ops, conn, header, writing=True)

@@ -1,13 +1,16 @@
 """Saves whose commit follows in the background (issue 34, Checkflow's snapshot-then-offload):
 the caller waits only for its bytes to be copied into memfds (host memory), which go to the
 daemon part by part as they fill (put.py), so the daemon works on them meanwhile, where the
-process has CPUs to spare for that (else in one part once the copy is done); one thread
+process has CPUs to spare for that (else all at once when the copy is done); the memfds
+are those of earlier saves where the process keeps them (part_memfds.py), so the copy does
+not wait for new pages; one thread
 per process then waits for the commits, in the order the saves were made, and each save's
 future reports its commit (or its error).
 
 Memory is bounded: a save starts only while the saves still in flight hold less than
 `limit` bytes, so at most `limit` plus one save's bytes wait in memory. A crash before a
-commit loses that save only: the daemon commits a put whole or not at all.
+commit loses that save only: the daemon commits a put whole or not at all. The memfds kept
+between saves have their own bound (part_memfds.py).
 """
 from __future__ import annotations
 
@@ -16,11 +19,11 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
+from .part_memfds import memory_total
 from .put import PutStream, write_all
 
 DEFAULT_LIMIT_SHARE = 4  # by default the saves in flight hold at most 1/4 of the memory
 OVERLAP_CPUS = 4  # CPUs this process may run on from which a save's parts go to the daemon as they fill
-WHOLE = 1 << 62  # a save in one part: sent to the daemon once the copy is done
 
 
 def _cpus() -> int:
@@ -32,23 +35,19 @@ def _cpus() -> int:
 
 def overlapping_parts() -> bool:
     """Whether a background save sends its parts as they fill, so the daemon cuts and hashes
-    one while the caller copies the next. The caller's copy takes a CPU and the daemon's
-    work on a part up to two more: with fewer than OVERLAP_CPUS they share one, and the
-    caller waits longer (on 2 CPUs, 256 MiB: 0.22-0.23 s against 0.17-0.19 s with the save
-    sent whole after the copy, which was durable no later: docs/benchmarks.md, "The stall,
-    taken apart")."""
+    one while the caller copies the next, or holds them until the copy is done. The caller's
+    copy takes a CPU and the daemon's work on a part up to two more: with fewer than
+    OVERLAP_CPUS they share one, and the caller waits longer (on 2 CPUs, 256 MiB: 0.22-0.23 s
+    against 0.17-0.19 s with the save sent whole after the copy, which was durable no later:
+    docs/benchmarks.md, "The stall, taken apart")."""
     return _cpus() >= OVERLAP_CPUS
-
-
-def _memory_total() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class BackgroundPuts:
     """Puts committed by a background thread, in order, with a bound on the bytes in flight."""
 
     def __init__(self, limit: int | None = None) -> None:
-        self.limit = limit if limit is not None else _memory_total() // DEFAULT_LIMIT_SHARE
+        self.limit = limit if limit is not None else memory_total() // DEFAULT_LIMIT_SHARE
         self._cond = threading.Condition()
         self._in_flight = 0  # bytes of the memfds not yet committed
         self._pending: set[Future[bool]] = set()
@@ -63,7 +62,7 @@ class BackgroundPuts:
         its last version)."""
         with self._cond:
             self._cond.wait_for(lambda: self._in_flight < self.limit or self._in_flight == 0)
-        stream = PutStream(path, mode, part_bytes=None if overlapping_parts() else WHOLE)
+        stream = PutStream(path, mode, hold=not overlapping_parts())
         write_all(stream, fill)
         try:
             stream.send_last()

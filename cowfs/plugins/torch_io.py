@@ -1,5 +1,5 @@
 """`save(obj, path)` and `load(path)` for torch.save users (issue 34): the bytes torch.save
-writes go to the mount's daemon in a sealed memfd (put.py), not through FUSE, now or in the
+writes go to the mount's daemon in memfds (put.py), not through FUSE, now or in the
 background (background.py); load reads a sealed memfd the daemon filled (get.py)."""
 from __future__ import annotations
 

@@ -50,28 +50,35 @@ def test_background_saves_commit_in_order(store_path: Path, tmp_path: Path) -> N
         assert len(versions) == 5, versions
 
 
-@pytest.mark.parametrize("cpus, parts", [(2, 1), (16, 5)])
+@pytest.mark.parametrize("cpus, overlapped", [(2, False), (16, True)])
 def test_a_background_save_overlaps_its_parts_only_with_cpus_to_spare(store_path: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch,
-                                                                      cpus: int, parts: int) -> None:
-    """With fewer than OVERLAP_CPUS the daemon's work would take the caller's CPU: the save goes
-    in one part after the copy; with more, each part goes as it fills."""
+                                                                      cpus: int, overlapped: bool) -> None:
+    """With fewer than OVERLAP_CPUS the daemon's work would take the caller's CPU: the parts go
+    once the copy is done; with more, each part goes as it fills."""
     import cowfs.plugins.background as background
 
     monkeypatch.setattr(background, "_cpus", lambda: cpus)
     monkeypatch.setattr("cowfs.plugins.put.PART_BYTES", 1 << 20)
-    sent: list[bool] = []
+    copied = [False]
+    sent: list[tuple[bool, bool]] = []  # (more, the copy was done)
     real = PutStream._ship
 
-    def counted(self: PutStream, more: bool) -> None:
-        sent.append(more)
-        real(self, more)
+    def counted(self: PutStream, part: Any, more: bool) -> None:
+        sent.append((more, copied[0]))
+        real(self, part, more)
+
+    def fill(f: Any) -> None:
+        f.write(blob)
+        f.flush()
+        copied[0] = True
 
     monkeypatch.setattr(PutStream, "_ship", counted)
     blob = os.urandom((4 << 20) + 5)
     with mounted(store_path, tmp_path / "m") as mnt:
-        assert BackgroundPuts().submit(mnt / "f.bin", lambda f: f.write(blob)).result(timeout=120) is True
-        assert len(sent) == parts and (mnt / "f.bin").read_bytes() == blob
+        assert BackgroundPuts().submit(mnt / "f.bin", fill).result(timeout=120) is True
+        assert [more for more, _ in sent] == [True] * 4 + [False] and (mnt / "f.bin").read_bytes() == blob
+        assert any(not done for _, done in sent) is overlapped, sent
 
 
 def test_background_saves_wait_for_memory(store_path: Path, tmp_path: Path) -> None:

@@ -116,7 +116,6 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
         sealed, unsealed = _memfd(data), _memfd(data, seal=False)
         try:
             cases = [
-                ([unsealed], header, errno.EPERM, "seal"),
                 ([sealed], line(op="put", fd=r, size=len(data)), errno.EBADF, "not open for writing"),
                 ([sealed], line(op="put", fd=other, size=len(data)), errno.EXDEV, "not a file of this cowfs mount"),
                 ([sealed], line(op="put", fd=d, size=len(data)), errno.EBADF, "not open for writing"),
@@ -124,7 +123,8 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
                 ([sealed], line(op="put", fd=999_999, size=len(data)), errno.EBADF, "cannot be read from /proc"),
                 ([], header, errno.EINVAL, "1 descriptor"),
                 ([r], header, errno.EINVAL, "must come in a memfd"),  # a file of this mount as the memfd: no hang
-                ([sealed], line(op="put", fd=w, size=5), errno.EINVAL, "holds 100000"),
+                ([sealed], line(op="put", fd=w, size=len(data) + 1), errno.EINVAL, "holds 100000"),
+                ([unsealed], line(op="put", fd=w, size=len(data) + 1), errno.EINVAL, "holds 100000"),
                 ([sealed], b"{not json\n", errno.EINVAL, "JSON"),
                 ([sealed], b'{"op": "list"}\n', errno.EINVAL, "op is one of ['get', 'put']"),
                 ([sealed], b'{"op": ["put"]}\n', errno.EINVAL, "op is one of"),
@@ -246,3 +246,72 @@ def test_puts_to_one_file_at_once_each_commit_whole(store_path: Path, tmp_path: 
         assert len(versions) == 4
         for v in versions:
             assert s.read_file("/f", gen=v.birth_gen) in datas
+
+
+def _inode(fd: int) -> int:
+    return os.fstat(fd).st_ino
+
+
+def test_a_process_writes_its_next_put_into_the_memfds_of_the_last(store_path: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memfds of a put the daemon answered come back (part_memfds.py) and the next put's
+    bytes overwrite them; the daemon copied the unsealed parts, so the versions before keep
+    their bytes. A put that ended without a reply closes its memfds instead."""
+    from cowfs.plugins.part_memfds import PartMemfds
+
+    memfds = PartMemfds(keep=64 << 20)
+    monkeypatch.setattr("cowfs.plugins.put.part_memfds", lambda: memfds)
+    monkeypatch.setattr("cowfs.plugins.put.PART_BYTES", 4 << 20)
+    one, two = os.urandom((10 << 20) + 3), os.urandom(9 << 20)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        stream = PutStream(mnt / "one")
+        stream.write(one)
+        first = [_inode(p.fd) for p in [*stream._sent, stream._part]]  # the 3 parts, 2 of them sent
+        assert stream.finish() is True
+        assert memfds.free == 3 and memfds.owned == 12 << 20
+        stream = PutStream(mnt / "two")
+        stream.write(two)
+        assert sorted(_inode(p.fd) for p in [*stream._sent, stream._part]) == sorted(first)
+        assert stream.finish() is True
+        assert (mnt / "one").read_bytes() == one and (mnt / "two").read_bytes() == two
+        assert put(mnt / "one", lambda f: f.write(b"short")) and (mnt / "one").read_bytes() == b"short"
+        # the daemon never answered this one: its sent parts are not written again
+        stream = PutStream(mnt / "three")
+        stream.write(os.urandom(9 << 20))  # two parts sent
+        stream.abort()
+        assert memfds.free == 1 and memfds.owned == 4 << 20
+        assert not (mnt / "three").exists() and (mnt / "two").read_bytes() == two
+
+
+def test_a_client_that_writes_its_memfd_during_the_put_cannot_store_a_wrong_chunk(store_path: Path,
+                                                                                   tmp_path: Path) -> None:
+    """An unsealed memfd's bytes may change while the daemon takes them; the daemon hashes the
+    bytes it stores (its copy), so every chunk matches its id (the store's fsck checks every
+    id) and the file reads back without EIO. Reading the part in place instead failed this."""
+    import threading
+
+    size = 48 << 20
+    with mounted(store_path, tmp_path / "m") as mnt:
+        memfd = _memfd(os.urandom(size), seal=False)
+        w = os.open(mnt / "f", os.O_WRONLY | os.O_CREAT)
+        stop = threading.Event()
+
+        def scribble() -> None:
+            noise = os.urandom(1 << 16)
+            k = 0
+            while not stop.is_set():
+                os.pwrite(memfd, noise[k % 4096:][:4096], (k * 7919 * 4096) % size)
+                k += 1
+
+        scribbler = threading.Thread(target=scribble)
+        scribbler.start()
+        try:
+            reply = _raw_put(mnt, [memfd], json.dumps({"op": "put", "fd": w, "size": size}).encode() + b"\n")
+        finally:
+            stop.set()
+            scribbler.join()
+            os.close(memfd)
+            os.close(w)
+        assert reply["ok"] is True, reply
+        assert len((mnt / "f").read_bytes()) == size
+    assert_clean(store_path)

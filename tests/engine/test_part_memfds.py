@@ -1,0 +1,66 @@
+"""The memfds a process keeps for its next puts (cowfs/plugins/part_memfds.py): lent and given
+back by part size, within a bound, closed when the daemon may still read them, none in a
+child made by fork."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cowfs.plugins import part_memfds as module
+from cowfs.plugins.part_memfds import PartMemfds
+
+MIB = 1 << 20
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def test_memfds_are_lent_again_by_part_size_within_the_bound() -> None:
+    pool = PartMemfds(keep=9 * MIB)
+    a, kept_a = pool.take(4 * MIB)
+    b, kept_b = pool.take(4 * MIB)
+    c, kept_c = pool.take(4 * MIB)  # 12 MiB would pass the bound: a one-shot memfd
+    assert (kept_a, kept_b, kept_c) == (True, True, False) and pool.owned == 8 * MIB
+    os.close(c)
+    pool.give(a, 4 * MIB)
+    assert pool.take(4 * MIB) == (a, True)  # the same memfd, its pages kept
+    pool.give(a, 4 * MIB)
+    a_inode = os.fstat(a).st_ino
+    d, kept_d = pool.take(2 * MIB)  # another size: the free one of 4 MiB goes to make room
+    assert kept_d and pool.owned == 6 * MIB and pool.free == 0
+    assert (d != a or os.fstat(d).st_ino != a_inode) and (d == a or not _open(a))
+    pool.drop(b, 4 * MIB)  # the daemon may still read it: closed, not lent again
+    assert not _open(b) and pool.owned == 2 * MIB and pool.free == 0
+    pool.give(d, 2 * MIB)
+    pool.set_keep(0)  # nothing kept from now on
+    assert not _open(d) and pool.owned == 0 and pool.take(MIB)[1] is False
+
+
+def test_a_memfd_lent_while_the_bound_is_lowered_is_closed_when_it_comes_back() -> None:
+    pool = PartMemfds(keep=8 * MIB)
+    fd, kept = pool.take(4 * MIB)
+    assert kept
+    pool.set_keep(MIB)
+    pool.give(fd, 4 * MIB)
+    assert not _open(fd) and pool.owned == 0 and pool.free == 0
+    with pytest.raises(ValueError, match="number of bytes"):
+        pool.set_keep(-1)
+
+
+def test_a_child_made_by_fork_keeps_none_of_its_parents_memfds(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = PartMemfds(keep=8 * MIB)
+    monkeypatch.setattr(module, "_memfds", pool)
+    fd, _ = pool.take(MIB)
+    pool.give(fd, MIB)
+    pid = os.fork()
+    if pid == 0:
+        ok = module.part_memfds() is pool and pool.free == 0 and pool.owned == 0 and not _open(fd)
+        os._exit(0 if ok else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert pool.free == 1 and _open(fd)  # the parent's untouched
