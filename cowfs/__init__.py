@@ -34,8 +34,9 @@ def wait_for_saves() -> None:
 
 
 def keep_save_memory(max_bytes: int) -> None:
-    """Keep at most `max_bytes` of the memory saves are copied into for the next saves (by
-    default a quarter of the memory; 0 keeps none): plugins/part_memfds.py."""
+    """Keep at most `max_bytes` of the memory saves are copied into and DCP loads read from,
+    for the next ones (by default a quarter of the memory; 0 keeps none):
+    plugins/part_memfds.py."""
     from .plugins.part_memfds import keep_save_memory as _keep  # noqa: PLC0415
 
     _keep(max_bytes)

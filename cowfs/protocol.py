@@ -26,8 +26,10 @@ def bulk_socket_name(st_dev: int) -> str:
         the mount), then while M, {"size": N, "more": M} with a memfd each: the parts'
         bytes become the file's new version (a memfd sealed against writes and shrinking is
         read in place, any other is copied first);
-      {"op": "get"} with the file (opened for reading through the mount): the reply
-        {"ok": true, "result": {"size": N, ...}} carries a sealed memfd of its N bytes."""
+      {"op": "get", "fd": F} (F opened for reading through the mount): the reply
+        {"ok": true, "result": {"size": N, ...}} carries a sealed memfd of its N bytes; with
+        "into": true and a memfd of the client's (writable, sealed against shrinking only),
+        the daemon fills that memfd's first N bytes instead and the reply carries none."""
     return f"\0cowfs-bulk-{os.major(st_dev)}:{os.minor(st_dev)}"
 
 

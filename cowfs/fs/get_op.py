@@ -1,12 +1,15 @@
-"""A get (fs/bulk_server.py): a file's committed bytes handed to the client in a sealed memfd,
-without FUSE READs (issue 34; docs/design.md section 18).
+"""A get (fs/bulk_server.py): a file's committed bytes handed to the client in a memfd, without
+FUSE READs (issue 34; docs/design.md section 18).
 
 The client (`cowfs.plugins.get`) opens the file through the mount for reading, so the kernel
 has checked its permissions, and sends the descriptor. Here the version an open gets (the
 committed one, also while a writer has the file open; a snapshot's in a snapshot) is read
 straight into a memfd's pages by the read-ahead threads, every chunk checked as every read
-is (`FileReader.read_into`); the memfd is sealed against any change and sent back. A damaged
-chunk fails the whole get with EIO and is logged as a read's would be.
+is (`FileReader.read_into`). Either the daemon makes the memfd, seals it against any change
+and sends it back, or (`"into": true`) it fills one the client sent: a memfd of the
+client's, writable and sealed against shrinking (so a mapping of it can never fault past
+its end), grown to the file's size if smaller; the client reads the first `size` bytes. A
+damaged chunk fails the whole get with EIO and is logged as a read's would be.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from .operations import CowfsOperations
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # (Linux 5.1; not in every Python's fcntl)
 
 
 def memory_available() -> int:
@@ -50,6 +54,32 @@ def _fill_memfd(reader: "FileReader") -> int:
     except BaseException:
         os.close(memfd)
         raise
+    return memfd
+
+
+def _fill_clients_memfd(reader: "FileReader", memfd: int) -> None:
+    """(worker thread) The reader's version written into the first bytes of the client's memfd
+    (checked by `_clients_memfd`), which is grown to hold them if it is smaller."""
+    size = reader.size
+    if os.fstat(memfd).st_size < size:
+        os.ftruncate(memfd, size)
+    if size:
+        _read_into_memfd(reader, memfd, size)
+
+
+def _clients_memfd(fds: list[int]) -> int:
+    """The memfd a get `"into": true` sent to be filled; EINVAL or EPERM if it cannot be."""
+    if len(fds) != 1:
+        raise CowfsError(f'a get "into" a memfd sends 1 descriptor (the memfd), not {len(fds)}', errno=errno.EINVAL)
+    memfd = fds[0]
+    if not os.readlink(f"/proc/self/fd/{memfd}").startswith("/memfd:"):  # (no request to any file system)
+        raise CowfsError("a get fills a memfd, and this descriptor is none", errno=errno.EINVAL)
+    if fcntl.fcntl(memfd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+        raise CowfsError("the memfd must be open for reading and writing", errno=errno.EBADF)
+    seals = fcntl.fcntl(memfd, fcntl.F_GET_SEALS)
+    if not seals & fcntl.F_SEAL_SHRINK or seals & (fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | F_SEAL_FUTURE_WRITE):
+        raise CowfsError("seal the memfd against shrinking (F_SEAL_SHRINK) and against nothing else before a get "
+                         "fills it", errno=errno.EPERM)
     return memfd
 
 
@@ -80,9 +110,15 @@ def _read_into_memfd(reader: "FileReader", memfd: int, size: int) -> None:
 async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
               conn: trio.socket.SocketType) -> tuple[dict[str, Any], list[int]]:
     """{"op": "get", "fd": F} (F: the client's descriptor of the file, open for reading through
-    the mount): the reply carries a sealed memfd of the file's bytes; its result is their
-    size and the version's id."""
-    if fds:
+    the mount): the reply carries a sealed memfd of the file's bytes; with `"into": true` and
+    a memfd of the client's (`_clients_memfd`), that memfd is filled and the reply carries
+    none. The result is their size and the version's id."""
+    into = header.get("into", False)
+    if not isinstance(into, bool):
+        raise CowfsError('malformed get: "into" is true or false', errno=errno.EINVAL)
+    if into:
+        memfd = _clients_memfd(fds)
+    elif fds:
         raise CowfsError(f"a get sends no descriptor (it names the file open for reading through the mount by its "
                          f"number: {{\"fd\": N}}), not {len(fds)}", errno=errno.EINVAL)
     view, ino, _fuse_ino = await target_file(ops, conn, header, writing=False)
@@ -92,10 +128,13 @@ async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
             if reader.size > memory_available() // 2:
                 raise CowfsError(f"the file's {reader.size} bytes would take more than half of the memory available: "
                                  f"read it through the mount", errno=errno.ENOMEM)
-            memfd = await trio.to_thread.run_sync(_fill_memfd, reader)
+            if into:
+                await trio.to_thread.run_sync(_fill_clients_memfd, reader, memfd)
+            else:
+                memfd = await trio.to_thread.run_sync(_fill_memfd, reader)
         finally:
             reader.close()
     except CorruptData as e:
         ops.corrupt_log.report(view, ino, e, "get")
         raise CowfsError(f"damaged data: {e}", errno=errno.EIO) from None
-    return {"size": attr.size, "vid": attr.vid}, [memfd]
+    return {"size": attr.size, "vid": attr.vid}, [] if into else [memfd]

@@ -1,6 +1,7 @@
 """torch.distributed.checkpoint storage for cowfs mounts (issue 34): `Writer(path)` and
 `Reader(path)` are FileSystemWriter and FileSystemReader whose files' bytes move between the
-process and the mount's daemon in sealed memfds instead of FUSE requests.
+process and the mount's daemon in memfds instead of FUSE requests (the process's kept
+ones where it keeps any: part_memfds.py).
 
 Everything else is the stock classes' own: the same file names and bytes, `.metadata`
 written as `.metadata.tmp` and renamed, the same plans, staging (async_save) and threads.
@@ -73,7 +74,7 @@ class CowfsFileSystem(FileSystem):
                 raise
             stream.close()
         elif mode == "rb":
-            with open_read(path) as f:
+            with open_read(path, kept=True) as f:  # DCP copies what it reads, then closes the file
                 yield f
         else:
             with super().create_stream(path, mode) as f:

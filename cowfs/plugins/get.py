@@ -1,22 +1,30 @@
 """`open_read(path)`: a file's committed bytes as a read-only file object, handed over by the
-cowfs mount's daemon in a sealed memfd, without FUSE READs (fs/get_op.py).
+cowfs mount's daemon in a memfd, without FUSE READs (fs/get_op.py).
 
 The file is opened for reading through the mount first, so the kernel checks permissions as
 for any open; the descriptor, named by its number, is the proof the daemon asks for (it reads
 the descriptor's flags, mount and inode in this process's /proc fdinfo). The daemon reads the version
-that open gets, checks every chunk as every read is, and answers with a memfd of its bytes
-sealed against any change: the file object reads it, and `torch.load(..., mmap=True)` maps
-it (through /proc/self/fd). Where the path is not on a cowfs mount, its daemon takes no
-gets, or the file is too large for memory (the daemon says ENOMEM), the file object is the
-file itself, read through the mount.
+that open gets and checks every chunk as every read is. By default it answers with a memfd
+of its bytes sealed against any change: the file object reads it, and
+`torch.load(..., mmap=True)` maps it (through /proc/self/fd). With `kept=True` it fills one
+of the process's kept memfds instead (part_memfds.py: sealed against shrinking only, its
+pages made by an earlier get or put, so the daemon does not make them again), which the
+file object gives back when it is closed: for readers that copy the bytes out and close
+(DCP's), never for a mapping that outlives the file object. Where the path is not on a
+cowfs mount, its daemon takes no gets, or the file is too large for memory (the daemon says
+ENOMEM), the file object is the file itself, read through the mount.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import os
-from typing import BinaryIO
+import socket
+from typing import Any, BinaryIO, cast
 
 from .bulk import BulkRefused, daemon_socket, request
+from .part_memfds import PartMemfds, part_memfds
 
 
 def is_memfd(fd: int) -> bool:
@@ -24,27 +32,109 @@ def is_memfd(fd: int) -> bool:
     return os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
 
 
-def open_read(path: str | os.PathLike) -> BinaryIO:
+def open_read(path: str | os.PathLike, kept: bool = False) -> BinaryIO:
     """`path`'s bytes, read-only (see the module docstring). Raises OSError (BulkRefused, EIO
     for a damaged chunk) as a read would."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         sock = daemon_socket(fd)
         if sock is not None:
-            with sock:
-                try:
-                    _result, fds = request(sock, {"op": "get", "fd": fd}, [], os.fspath(path))
-                except BulkRefused as e:
-                    if e.errno != errno.ENOMEM:
-                        raise
-                    fds = []
-            if len(fds) == 1:
+            try:
+                with sock:
+                    got = _get(sock, fd, os.fspath(path), kept)
+            except BulkRefused as e:  # a daemon from before gets took a memfd: the get it knows
+                if not (kept and e.errno == errno.EINVAL and "sends no descriptor" in str(e)):
+                    raise
+                with daemon_socket(fd) or socket.socket() as sock:
+                    got = _get(sock, fd, os.fspath(path), False)
+            if got is not None:
                 os.close(fd)
-                fd = fds[0]
-            else:
-                for extra in fds:
-                    os.close(extra)
+                return got
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _get(sock: socket.socket, fd: int, what: str, kept: bool) -> BinaryIO | None:
+    """The file object of a get on `sock`; None when the daemon has no memory for it (ENOMEM)."""
+    memfds = part_memfds()
+    memfd, keep = memfds.take_for(os.fstat(fd).st_size) if kept else (-1, False)
+    if memfd >= 0 and not keep:  # past the bound of what is kept: the daemon makes a memfd
+        os.close(memfd)
+        memfd = -1
+    try:
+        if memfd >= 0:  # (a memfd kept for puts carries no seal: the daemon needs this one)
+            fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        result, fds = request(sock, {"op": "get", "fd": fd, "into": memfd >= 0}, [memfd] if memfd >= 0 else [],
+                              what)
+    except BaseException as e:
+        if memfd >= 0:  # an answer (the daemon is done with it) or a connection gone mid-get (it may not be)
+            (memfds.give if isinstance(e, BulkRefused) else memfds.drop)(memfd)
+        if isinstance(e, BulkRefused) and e.errno == errno.ENOMEM:
+            return None
+        raise
+    if memfd >= 0:
+        for extra in fds:
+            os.close(extra)
+        return cast(BinaryIO, _KeptBytes(memfds, memfd, int(result["size"])))
+    if len(fds) != 1:
+        for extra in fds:
+            os.close(extra)
+        raise BulkRefused(errno.EIO, f"{what}: the cowfs daemon answered a get without its memfd")
+    return os.fdopen(fds[0], "rb")
+
+
+class _KeptBytes(io.RawIOBase):
+    """The first `size` bytes of a kept memfd, read-only and seekable; `close` gives the memfd
+    back (whatever the file object's reader made of the bytes must be copies by then)."""
+
+    def __init__(self, memfds: PartMemfds, memfd: int, size: int) -> None:
+        super().__init__()
+        self._memfds, self._memfd, self._size, self._pos = memfds, memfd, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._memfd
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+        """(one copy: the memfd's pages into a new bytes object)"""
+        if self.closed:
+            raise ValueError("read of a closed file")
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = os.pread(self._memfd, end - self._pos, self._pos)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        want = max(0, min(len(view), self._size - self._pos))
+        n = os.preadv(self._memfd, [view[:want]], self._pos) if want else 0
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._memfds.give(self._memfd)
+            self._memfd = -1
+        super().close()

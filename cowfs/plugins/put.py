@@ -156,9 +156,9 @@ class PutStream(io.RawIOBase):
         if not part.kept:
             os.close(part.fd)
         elif reusable:
-            self._memfds.give(part.fd, self._part_bytes)
+            self._memfds.give(part.fd)
         else:
-            self._memfds.drop(part.fd, self._part_bytes)
+            self._memfds.drop(part.fd)
 
     def send_last(self) -> None:
         """Send the last part (and the held ones before it); `wait` then waits for the commit."""

@@ -39,10 +39,12 @@ def load(path: str | os.PathLike, **torch_load_kwargs: Any) -> Any:
     """torch.load of `path` (weights_only, map_location, mmap, ... as torch.load takes them),
     its bytes from the daemon in a sealed memfd. The tensors map that memfd's pages
     (copy-on-write: torch.load's mmap=True, the default here when the bytes came in a memfd,
-    which lives in memory, not on a disk) instead of copying them; mmap=False copies."""
+    which lives in memory, not on a disk) instead of copying them; mmap=False copies (out of
+    one of the process's kept memfds, given back when the load returns)."""
     import torch  # noqa: PLC0415
 
-    with open_read(path) as f:
+    copied = torch_load_kwargs.get("mmap") is False  # the tensors copied out: a kept memfd may take the bytes
+    with open_read(path, kept=copied) as f:
         in_memory = is_memfd(f.fileno())
         if torch_load_kwargs.get("mmap", in_memory):
             return torch.load(f"/proc/self/fd/{f.fileno()}", **{**torch_load_kwargs, "mmap": True})

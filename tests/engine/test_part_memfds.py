@@ -28,16 +28,16 @@ def test_memfds_are_lent_again_by_part_size_within_the_bound() -> None:
     c, kept_c = pool.take(4 * MIB)  # 12 MiB would pass the bound: a one-shot memfd
     assert (kept_a, kept_b, kept_c) == (True, True, False) and pool.owned == 8 * MIB
     os.close(c)
-    pool.give(a, 4 * MIB)
+    pool.give(a)
     assert pool.take(4 * MIB) == (a, True)  # the same memfd, its pages kept
-    pool.give(a, 4 * MIB)
+    pool.give(a)
     a_inode = os.fstat(a).st_ino
     d, kept_d = pool.take(2 * MIB)  # another size: the free one of 4 MiB goes to make room
     assert kept_d and pool.owned == 6 * MIB and pool.free == 0
     assert (d != a or os.fstat(d).st_ino != a_inode) and (d == a or not _open(a))
-    pool.drop(b, 4 * MIB)  # the daemon may still read it: closed, not lent again
+    pool.drop(b)  # the daemon may still read it: closed, not lent again
     assert not _open(b) and pool.owned == 2 * MIB and pool.free == 0
-    pool.give(d, 2 * MIB)
+    pool.give(d)
     pool.set_keep(0)  # nothing kept from now on
     assert not _open(d) and pool.owned == 0 and pool.take(MIB)[1] is False
 
@@ -47,7 +47,7 @@ def test_a_memfd_lent_while_the_bound_is_lowered_is_closed_when_it_comes_back() 
     fd, kept = pool.take(4 * MIB)
     assert kept
     pool.set_keep(MIB)
-    pool.give(fd, 4 * MIB)
+    pool.give(fd)
     assert not _open(fd) and pool.owned == 0 and pool.free == 0
     with pytest.raises(ValueError, match="number of bytes"):
         pool.set_keep(-1)
@@ -57,10 +57,28 @@ def test_a_child_made_by_fork_keeps_none_of_its_parents_memfds(monkeypatch: pyte
     pool = PartMemfds(keep=8 * MIB)
     monkeypatch.setattr(module, "_memfds", pool)
     fd, _ = pool.take(MIB)
-    pool.give(fd, MIB)
+    pool.give(fd)
     pid = os.fork()
     if pid == 0:
         ok = module.part_memfds() is pool and pool.free == 0 and pool.owned == 0 and not _open(fd)
         os._exit(0 if ok else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert pool.free == 1 and _open(fd)  # the parent's untouched
+
+
+def test_a_get_takes_the_smallest_memfd_that_holds_its_bytes_and_counts_what_it_grew_to() -> None:
+    pool = PartMemfds(keep=64 * MIB)
+    small, _ = pool.take_for(2 * MIB)
+    large, _ = pool.take_for(8 * MIB)
+    for fd, size in ((small, 2 * MIB), (large, 8 * MIB)):
+        os.ftruncate(fd, size)
+        pool.give(fd)
+    assert pool.take_for(MIB) == (small, True)  # the smallest that holds 1 MiB
+    assert pool.take_for(3 * MIB) == (large, True)
+    os.ftruncate(large, 20 * MIB)  # the daemon grew it for a larger file
+    pool.give(large)
+    pool.give(small)
+    assert pool.owned == 22 * MIB and pool.free == 2
+    fd, kept = pool.take_for(50 * MIB)  # room made: the oldest free one (20 MiB) closed, as many as needed
+    assert kept and pool.owned == 52 * MIB and pool.free == 1
+    assert pool.take_for(20 * MIB)[1] is False  # past the bound: a one-shot memfd

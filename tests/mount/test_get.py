@@ -61,9 +61,44 @@ def test_get_gives_what_a_read_gives(store_path: Path, tmp_path: Path) -> None:
         assert _via_get(mnt / "small") == b"UNCOMMITTED"
         state = {"w": torch.randn(300, 300), "step": 3}
         cowfs.save(state, mnt / "s.pt")
-        for kwargs in ({}, {"mmap": True}):  # mmap: torch maps the memfd itself
+        for kwargs in ({}, {"mmap": True}, {"mmap": False}):  # mmap: torch maps the memfd itself; False: kept
             back = cowfs.load(mnt / "s.pt", weights_only=True, **kwargs)
             assert torch.equal(back["w"], state["w"]) and back["step"] == 3
+
+
+def test_a_kept_get_fills_a_memfd_of_the_process_and_gives_it_back(store_path: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """open_read(kept=True) (DCP's reader): the daemon fills one of the process's kept memfds,
+    the file object reads only this file's bytes of it, and its close gives it back for the
+    next get, which takes the smallest that holds its bytes."""
+    from cowfs.plugins.part_memfds import PartMemfds
+
+    memfds = PartMemfds(keep=64 << 20)
+    monkeypatch.setattr("cowfs.plugins.get.part_memfds", lambda: memfds)
+    big = os.urandom(21 << 20) + bytes(3 << 20) + os.urandom(12345)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        (mnt / "big").write_bytes(big)
+        (mnt / "small").write_bytes(b"abcdef")
+        (mnt / "empty").write_bytes(b"")
+        with open_read(mnt / "big", kept=True) as f:
+            memfd = os.fstat(f.fileno())
+            assert stat.S_ISREG(memfd.st_mode) and memfd.st_dev != os.stat(mnt).st_dev
+            assert f.read() == big and memfds.free == 0
+        assert memfds.free == 1
+        with open_read(mnt / "small", kept=True) as f:  # the same memfd, 24 MiB of older bytes in it
+            assert os.fstat(f.fileno()).st_ino == memfd.st_ino
+            assert f.read(2) == b"ab" and f.seek(-1, os.SEEK_END) == 5 and f.read() == b"f" and f.read() == b""
+            f.seek(1)
+            buf = bytearray(10)
+            assert f.readinto(buf) == 5 and bytes(buf[:5]) == b"bcdef"
+        with open_read(mnt / "empty", kept=True) as f:
+            assert f.read() == b""
+        assert memfds.free == 1 and memfds.owned == len(big)
+        memfds.set_keep(0)  # nothing kept: a get as before, in a memfd the daemon made and sealed
+        assert _via_get(mnt / "small") == b"abcdef"
+        with open_read(mnt / "small", kept=True) as f:
+            assert fcntl.fcntl(f.fileno(), fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE and f.read() == b"abcdef"
+        assert memfds.owned == 0
 
 
 def test_get_of_compacted_versions(store_path: Path, tmp_path: Path) -> None:
@@ -97,6 +132,9 @@ def test_get_of_a_damaged_chunk_is_eio(tmp_path: Path) -> None:
         with pytest.raises(OSError) as err:
             _via_get(mnt / "f")
         assert err.value.errno == errno.EIO and "damaged" in str(err.value)
+        with pytest.raises(OSError) as err:  # into a kept memfd too
+            open_read(mnt / "f", kept=True)
+        assert err.value.errno == errno.EIO
         assert _via_get(mnt / "ok") == b"fine"
         with open(mnt / "f", "rb") as f:  # a read through the mount far from the damage still works
             assert f.read(4096) == data[:4096]

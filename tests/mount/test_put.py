@@ -93,10 +93,12 @@ def _raw_put(mnt: Path, fds: list[int], header: bytes) -> dict:
 
 
 def _memfd(data: bytes, seal: bool = True) -> int:
+    """A memfd holding `data`: sealed against every change (`seal`), or not; an empty one is
+    sealed against shrinking only (what a get "into" it wants)."""
     fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
     os.write(fd, data)
     if seal:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | (fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE if data else 0))
     return fd
 
 
@@ -114,6 +116,8 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
 
         header = line(op="put", fd=w, size=len(data))
         sealed, unsealed = _memfd(data), _memfd(data, seal=False)
+        shrink_sealed = _memfd(b"")
+        read_only = os.open(f"/proc/self/fd/{shrink_sealed}", os.O_RDONLY)
         try:
             cases = [
                 ([sealed], line(op="put", fd=r, size=len(data)), errno.EBADF, "not open for writing"),
@@ -133,14 +137,22 @@ def test_bad_puts_get_clear_errors_and_change_nothing(store_path: Path, tmp_path
                 ([], line(op="get", fd=w), errno.EBADF, "not open for reading"),
                 ([], line(op="get", fd=d), errno.EXDEV, "not a regular file"),
                 ([sealed], line(op="get", fd=r), errno.EINVAL, "no descriptor"),
+                ([], line(op="get", fd=r, into=True), errno.EINVAL, "1 descriptor"),
+                ([r], line(op="get", fd=r, into=True), errno.EINVAL, "is none"),
+                ([unsealed], line(op="get", fd=r, into=True), errno.EPERM, "F_SEAL_SHRINK"),
+                ([sealed], line(op="get", fd=r, into=True), errno.EPERM, "against nothing else"),
+                ([read_only], line(op="get", fd=r, into=True), errno.EBADF, "reading and writing"),
+                ([shrink_sealed], line(op="get", fd=r, into="yes"), errno.EINVAL, '"into" is true or false'),
             ]
             for fds, head, code, words in cases:
                 reply = _raw_put(mnt, fds, head)
                 assert reply["ok"] is False and reply["errno"] == code and words in reply["error"], reply
             assert (mnt / "f").read_bytes() == b"before"
+            got = _raw_put(mnt, [shrink_sealed], line(op="get", fd=r, into=True))  # a get into it, done right
+            assert got["ok"] is True and got["result"]["size"] == 6 and os.pread(shrink_sealed, 6, 0) == b"before"
             assert _raw_put(mnt, [sealed], header)["ok"] is True  # the same descriptors, done right
         finally:
-            for fd in (w, r, d, other, sealed, unsealed):
+            for fd in (w, r, d, other, sealed, unsealed, shrink_sealed, read_only):
                 os.close(fd)
         assert (mnt / "f").read_bytes() == data
         cowfs_cli("snapshot", "create", str(mnt), "s1")
