@@ -45,8 +45,10 @@ def open_read(path: str | os.PathLike, kept: bool = False) -> BinaryIO:
             except BulkRefused as e:  # a daemon from before gets took a memfd: the get it knows
                 if not (kept and e.errno == errno.EINVAL and "sends no descriptor" in str(e)):
                     raise
-                with daemon_socket(fd) or socket.socket() as sock:
-                    got = _get(sock, fd, os.fspath(path), False)
+                got, again = None, daemon_socket(fd)
+                if again is not None:
+                    with again:
+                        got = _get(again, fd, os.fspath(path), False)
             if got is not None:
                 os.close(fd)
                 return got
