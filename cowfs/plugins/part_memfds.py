@@ -97,7 +97,10 @@ class PartMemfds:
         counts for the bytes it holds if that is more than it was lent for (a get's grew)."""
         held = os.fstat(fd).st_size
         with self._lock:
-            capacity = self._lent.pop(fd)
+            capacity = self._lent.pop(fd, None)
+            if capacity is None:  # lent before a fork, in the child: not this process's to keep
+                os.close(fd)
+                return
             if held > capacity:
                 self._owned += held - capacity
                 capacity = held
@@ -110,7 +113,7 @@ class PartMemfds:
     def drop(self, fd: int) -> None:
         """A kept memfd closed instead (the daemon may still read it)."""
         with self._lock:
-            self._owned -= self._lent.pop(fd)
+            self._owned -= self._lent.pop(fd, 0)
         os.close(fd)
 
     def set_keep(self, keep: int) -> None:

@@ -58,12 +58,20 @@ def test_a_child_made_by_fork_keeps_none_of_its_parents_memfds(monkeypatch: pyte
     monkeypatch.setattr(module, "_memfds", pool)
     fd, _ = pool.take(MIB)
     pool.give(fd)
+    lent, _ = pool.take(2 * MIB)  # lent when the fork comes (a put in flight)
     pid = os.fork()
     if pid == 0:
-        ok = module.part_memfds() is pool and pool.free == 0 and pool.owned == 0 and not _open(fd)
-        os._exit(0 if ok else 1)
+        ok = False
+        try:
+            fresh = module.part_memfds() is pool and pool.free == 0 and pool.owned == 0 and not _open(fd)
+            pool.give(lent)  # the child's copy of the parent's put ends: closed, not kept
+            ok = fresh and pool.free == 0 and pool.owned == 0 and not _open(lent)
+        finally:
+            os._exit(0 if ok else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    assert pool.free == 1 and _open(fd)  # the parent's untouched
+    assert pool.free == 1 and _open(fd) and _open(lent)  # the parent's untouched
+    pool.give(lent)
+    assert pool.free == 2 and pool.owned == 3 * MIB
 
 
 def test_a_get_takes_the_smallest_memfd_that_holds_its_bytes_and_counts_what_it_grew_to() -> None:
