@@ -61,10 +61,8 @@ def open_read(path: str | os.PathLike, kept: bool = False) -> BinaryIO:
 def _get(sock: socket.socket, fd: int, what: str, kept: bool) -> BinaryIO | None:
     """The file object of a get on `sock`; None when the daemon has no memory for it (ENOMEM)."""
     memfds = part_memfds()
-    memfd, keep = memfds.take_for(os.fstat(fd).st_size) if kept else (-1, False)
-    if memfd >= 0 and not keep:  # past the bound of what is kept: the daemon makes a memfd
-        os.close(memfd)
-        memfd = -1
+    taken = memfds.take_for(os.fstat(fd).st_size) if kept else None  # None: the daemon makes a memfd
+    memfd = -1 if taken is None else taken
     try:
         if memfd >= 0:  # (a memfd kept for puts carries no seal: the daemon needs this one)
             fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)

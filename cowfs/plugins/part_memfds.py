@@ -68,12 +68,16 @@ class PartMemfds:
         part's end left as they are) or a one-shot one (to seal, send and close)."""
         return self._take(part_bytes, lambda size: size == part_bytes)
 
-    def take_for(self, size: int) -> tuple[int, bool]:
-        """A memfd to receive `size` bytes (the smallest free one that holds them), and
-        whether it is a kept one; a one-shot one is closed by the caller."""
-        return self._take(size, lambda capacity: capacity >= size, best_fit=True)
+    def take_for(self, size: int) -> int | None:
+        """A kept memfd to receive `size` bytes (the smallest free one that holds them, else a
+        new one); None past the bound (the daemon then makes the memfd itself)."""
+        fd, kept = self._take(size, lambda capacity: capacity >= size, best_fit=True, one_shot=False)
+        return fd if kept else None
 
-    def _take(self, size: int, fits: Callable[[int], bool], best_fit: bool = False) -> tuple[int, bool]:
+    def _take(self, size: int, fits: Callable[[int], bool], best_fit: bool = False,
+              one_shot: bool = True) -> tuple[int, bool]:
+        """(fd, True): a kept memfd lent; (fd, False): past the bound, a new one-shot memfd, or
+        -1 unless `one_shot`."""
         with self._lock:
             candidates = [i for i, (_fd, capacity) in enumerate(self._free) if fits(capacity)]
             if candidates:
@@ -86,7 +90,7 @@ class PartMemfds:
                 os.close(fd)
                 self._owned -= capacity
             if self._owned + size > self._keep:
-                return new_memfd(), False
+                return (new_memfd() if one_shot else -1), False
             fd = new_memfd()
             self._owned += size
             self._lent[fd] = size

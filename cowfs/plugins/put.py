@@ -168,13 +168,10 @@ class PutStream(io.RawIOBase):
             raise ValueError("send_last of a finished or dropped put")
         parts, self._held = [*self._held, last], []
         for i, part in enumerate(parts):
-            if i + 1 == len(parts):
-                self._ship_or_hold(part, more=False)
-                break
             try:
-                self._ship(part, more=True)
+                self._ship_or_hold(part, more=i + 1 < len(parts))
             except BaseException:
-                self._held = ([] if part in self._sent else [part]) + parts[i + 1:]
+                self._held += parts[i + 1:]  # never sent: given back by abort
                 raise
 
     def wait(self) -> bool:

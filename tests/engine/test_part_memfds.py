@@ -39,7 +39,9 @@ def test_memfds_are_lent_again_by_part_size_within_the_bound() -> None:
     assert not _open(b) and pool.owned == 2 * MIB and pool.free == 0
     pool.give(d)
     pool.set_keep(0)  # nothing kept from now on
-    assert not _open(d) and pool.owned == 0 and pool.take(MIB)[1] is False
+    one_shot, kept = pool.take(MIB)
+    os.close(one_shot)
+    assert not _open(d) and pool.owned == 0 and kept is False
 
 
 def test_a_memfd_lent_while_the_bound_is_lowered_is_closed_when_it_comes_back() -> None:
@@ -76,17 +78,33 @@ def test_a_child_made_by_fork_keeps_none_of_its_parents_memfds(monkeypatch: pyte
 
 def test_a_get_takes_the_smallest_memfd_that_holds_its_bytes_and_counts_what_it_grew_to() -> None:
     pool = PartMemfds(keep=64 * MIB)
-    small, _ = pool.take_for(2 * MIB)
-    large, _ = pool.take_for(8 * MIB)
+    small, large = pool.take_for(2 * MIB), pool.take_for(8 * MIB)
+    assert small is not None and large is not None
     for fd, size in ((small, 2 * MIB), (large, 8 * MIB)):
         os.ftruncate(fd, size)
         pool.give(fd)
-    assert pool.take_for(MIB) == (small, True)  # the smallest that holds 1 MiB
-    assert pool.take_for(3 * MIB) == (large, True)
+    assert pool.take_for(MIB) == small  # the smallest that holds 1 MiB
+    assert pool.take_for(3 * MIB) == large
     os.ftruncate(large, 20 * MIB)  # the daemon grew it for a larger file
     pool.give(large)
     pool.give(small)
     assert pool.owned == 22 * MIB and pool.free == 2
-    fd, kept = pool.take_for(50 * MIB)  # room made: the oldest free one (20 MiB) closed, as many as needed
-    assert kept and pool.owned == 52 * MIB and pool.free == 1
-    assert pool.take_for(20 * MIB)[1] is False  # past the bound: a one-shot memfd
+    assert pool.take_for(50 * MIB) is not None  # room made: the oldest free one (20 MiB) closed, no more
+    assert pool.owned == 52 * MIB and pool.free == 1
+    assert pool.take_for(20 * MIB) is None  # past the bound: none (the daemon makes the memfd)
+
+
+def test_keep_save_memory_sets_the_process_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cowfs
+
+    pool = PartMemfds(keep=8 * MIB)
+    monkeypatch.setattr(module, "_memfds", pool)
+    fd, _ = pool.take(MIB)
+    pool.give(fd)
+    cowfs.keep_save_memory(0)  # what is kept now goes, and nothing is kept from now on
+    assert pool.free == 0 and pool.owned == 0 and not _open(fd)
+    one_shot, kept = pool.take(MIB)
+    os.close(one_shot)
+    assert kept is False
+    with pytest.raises(ValueError, match="number of bytes"):
+        cowfs.keep_save_memory(-1)
