@@ -76,7 +76,7 @@ async def follow_peer_clocks(ops: CowfsOperations) -> None:
         for peer in peers:
             listener = listeners.get(peer)
             if listener is None:
-                listener = listeners[peer] = notice_listener(bucket, peer, lambda g, _key: observe(g))
+                listener = listeners[peer] = notice_listener(bucket, peer, lambda notice: observe(notice.generation))
             if not listener.connected.is_set():
                 objects = retained_catalogs(bucket, peer)
                 if objects:

@@ -19,7 +19,7 @@ from ..store.catalog.events import Event
 from .operations import CowfsOperations
 
 if TYPE_CHECKING:
-    from ..remote.notices import NoticeServer
+    from ..remote.notices import Inline, NoticeServer
 
 log = logging.getLogger("cowfs.remote")
 CONFIG_CHECK = 1.0  # seconds between looks for a remote set while mounted
@@ -103,13 +103,13 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             wake = trio.Event()
             dirty = False
 
-            def tell(generation: int, key: str, server: NoticeServer | None = server) -> None:
+            def tell(generation: int, key: str, inline: Inline, server: NoticeServer | None = server) -> None:
                 # from the upload thread, once the pass's first catalog object is in: before
                 # a whole catalog is made and uploaded, which may take seconds on a large store
                 if server is None:
                     return
                 try:
-                    trio.from_thread.run(_notify, server, generation, key, trio_token=token)
+                    trio.from_thread.run(_notify, server, generation, key, inline, trio_token=token)
                 except (Exception, trio.Cancelled):  # noqa: BLE001 - unmounting, or a notice lost: the pass goes on
                     log.warning("notice of generation %d not sent", generation, exc_info=True)
 
@@ -141,7 +141,7 @@ async def upload_in_background(ops: CowfsOperations) -> None:
             server.close()
 
 
-async def _notify(server: NoticeServer, generation: int, key: str) -> None:
+async def _notify(server: NoticeServer, generation: int, key: str, inline: Inline | None = None) -> None:
     """Tell the consumers; the first time, first say in the bucket where to listen."""
     if not server.published:
         try:
@@ -149,4 +149,4 @@ async def _notify(server: NoticeServer, generation: int, key: str) -> None:
             log.info("notices of new versions from %s", server.address)
         except CowfsError as e:
             log.warning("notices: writing the address to the bucket failed (tried again later): %s", e)
-    await trio.to_thread.run_sync(server.notify, generation, key)
+    await trio.to_thread.run_sync(server.notify, generation, key, inline)

@@ -25,7 +25,8 @@ from ..errors import CowfsError
 from ..mountinfo import FSNAME_PREFIX
 from ..remote.config import RemoteConfig
 from ..remote.merge import NAMESPACE_UUID
-from ..remote.notices import NoticeListener
+from ..remote.consumer_bucket import STALE_SECONDS
+from ..remote.notices import Inline, Notice, NoticeListener
 from ..remote.replica import Replica
 from ..remote.source import ReplicaSource
 from ..remote.union_source import UnionSource
@@ -46,28 +47,34 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
     """Apply each notice of a newer generation, oldest first; stale ones are skipped, failed
     ones tried again (replica_changes.Retry)."""
     replica: Replica = ops.store  # type: ignore[assignment]
-    send, recv = trio.open_memory_channel[tuple[int, str]](math.inf)
+    send, recv = trio.open_memory_channel[tuple[int, str, Inline | None]](math.inf)
     token = trio.lowlevel.current_trio_token()
 
-    def on_notice(g: int, key: str) -> None:
+    def on_notice(notice: Notice) -> None:
         try:
-            token.run_sync_soon(send.send_nowait, (g, key))
+            token.run_sync_soon(send.send_nowait, (notice.generation, notice.key, notice.inline))
         except trio.RunFinishedError:
             pass
+
+    async def learn_later() -> None:  # packs a remote gc deleted forgotten, after steps applied from notices alone
+        while True:
+            await trio.sleep(STALE_SECONDS)
+            await trio.to_thread.run_sync(source.shared.learn_if_stale)
 
     listener = NoticeListener(source.bucket, source.store_uuid, on_notice)
     retry = Retry(send)
     try:
         async with trio.open_nursery() as nursery:
-            async for g, key in recv:
+            nursery.start_soon(learn_later)
+            async for g, key, inline in recv:
                 if g <= gen:
                     continue
                 try:
-                    await _apply(replica, source, gen, g, key)
+                    await _apply(replica, source, gen, g, key, inline)
                 except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
                     log.warning("generation %d not applied (tried again): %s", g, e,
                                 exc_info=not isinstance(e, CowfsError))
-                    nursery.start_soon(retry.later, (g, key))
+                    nursery.start_soon(retry.later, (g, key, None))
                     continue
                 retry.succeeded()
                 gen = g
@@ -75,9 +82,10 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
         await trio.to_thread.run_sync(listener.close)
 
 
-async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str) -> None:
-    """Fetch generation g, serve it, drop what the kernel caches of what changed since gen."""
-    fetched = await trio.to_thread.run_sync(source.fetch_catalog, g, key)
+async def _apply(replica: Replica, source: ReplicaSource, gen: int, g: int, key: str, inline: Inline | None) -> None:
+    """Fetch generation g (from what its notice carried, if anything), serve it, drop what
+    the kernel caches of what changed since gen."""
+    fetched = await trio.to_thread.run_sync(lambda: source.fetch_catalog(g, key, inline=inline))
     changes = fetched.changes
     if fetched.path != replica.catalog.path:  # a new file (from a whole catalog): swap it in
         catalog = await trio.to_thread.run_sync(Catalog, fetched.path)

@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 import trio
 
 from ..errors import CowfsError
-from ..remote.notices import NoticeListener, close_all
+from ..remote.notices import Inline, Notice, NoticeListener, close_all
 from ..remote.changes import Changes
 from ..remote.union_source import UnionSource
 from .replica_changes import Retry
@@ -29,16 +29,16 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
     """Follow every store of `source`; `told` is given what each merged step changed (the
     kernel's caches, watch events: replica_changes.tell for a consumer's mount, the peer view
     of a producer's, fs/union_ops.py)."""
-    send, recv = trio.open_memory_channel[tuple[str, int, str]](math.inf)
+    send, recv = trio.open_memory_channel[tuple[str, int, str, Inline | None]](math.inf)
     token = trio.lowlevel.current_trio_token()
     listeners: dict[str, NoticeListener] = {}
     unconnected: dict[str, float] = {}  # store -> when its listener was first seen unconnected
     said_polling: set[str] = set()
 
     def notice_for(store: str):  # type: ignore[no-untyped-def]
-        def on_notice(g: int, key: str) -> None:
+        def on_notice(notice: Notice) -> None:
             try:
-                token.run_sync_soon(send.send_nowait, (store, g, key))
+                token.run_sync_soon(send.send_nowait, (store, notice.generation, notice.key, notice.inline))
             except trio.RunFinishedError:
                 pass
         return on_notice
@@ -47,6 +47,8 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
         while True:
             try:
                 await look_at_bucket()
+                # packs a remote gc deleted forgotten, after steps applied from notices alone
+                await trio.to_thread.run_sync(source.shared.learn_if_stale)
             except Exception:  # noqa: BLE001 - following goes on; the next look tries again
                 log.exception("the prefix's stores not looked at")
             await trio.sleep(min(DISCOVER_SECONDS, POLL_SECONDS))
@@ -88,35 +90,39 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
     async def _poll(store: str) -> None:
         newest = await trio.to_thread.run_sync(source.newest, store)
         if newest is not None and newest[0] > source.held(store):
-            send.send_nowait((store, *newest))
+            send.send_nowait((store, *newest, None))
 
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_bucket)
-            async for store, g, key in recv:
+            async for store, g, key, inline in recv:
                 wanted = {store: (g, key)}  # and every notice queued meanwhile: one batch
+                carried = {store: inline} if inline is not None else {}
                 while True:
                     try:
-                        s2, g2, k2 = recv.receive_nowait()
+                        s2, g2, k2, i2 = recv.receive_nowait()
                     except trio.WouldBlock:
                         break
                     if g2 > wanted.get(s2, (0, ""))[0]:
                         wanted[s2] = (g2, k2)
+                        carried.pop(s2, None)
+                        if i2 is not None:
+                            carried[s2] = i2
                 wanted = {s: gk for s, gk in wanted.items() if gk[0] > source.held(s)}
                 if not wanted:
                     continue
                 started = trio.current_time()
                 try:
-                    changes, failed = await trio.to_thread.run_sync(source.steps, wanted)
+                    changes, failed = await trio.to_thread.run_sync(source.steps, wanted, carried)
                 except Exception as e:  # noqa: BLE001 - the mount goes on serving what it has, and tries again
                     log.warning("generations %s not merged (tried again): %s", wanted, e,
                                 exc_info=not isinstance(e, CowfsError))
-                    nursery.start_soon(retry.later, *((st, *gk) for st, gk in wanted.items()))
+                    nursery.start_soon(retry.later, *((st, *gk, None) for st, gk in wanted.items()))
                     continue
                 for s, e in failed.items():
                     log.warning("store %s generation %d not applied (tried again): %s", s, wanted[s][0], e)
                 if failed:
-                    nursery.start_soon(retry.later, *((st, *wanted[st]) for st in failed))
+                    nursery.start_soon(retry.later, *((st, *wanted[st], None) for st in failed))
                 else:
                     retry.succeeded()
                 if changes is None:

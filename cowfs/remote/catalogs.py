@@ -73,6 +73,13 @@ def fetch_catalog(bucket: Bucket, key: str, dest: Path) -> bool:
         data = bucket.get(key)
     except MissingObject:
         return False
+    write_catalog(bucket.where, key, data, dest)
+    return True
+
+
+def write_catalog(where: str, key: str, data: bytes, dest: Path) -> None:
+    """A catalog object's bytes (`key`'s, as uploaded) decompressed into `dest`; RemoteError
+    if they are not a readable catalog."""
     try:
         with open(dest, "wb") as f:
             zstandard.ZstdDecompressor().copy_stream(io.BytesIO(data), f)
@@ -82,8 +89,7 @@ def fetch_catalog(bucket: Bucket, key: str, dest: Path) -> bool:
         finally:
             conn.close()
     except (zstandard.ZstdError, sqlite3.DatabaseError) as e:
-        raise RemoteError(f"{bucket.where}: {key} is not a readable catalog ({e})") from None
-    return True
+        raise RemoteError(f"{where}: {key} is not a readable catalog ({e})") from None
 
 
 class LiveSet:

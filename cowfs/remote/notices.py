@@ -7,15 +7,26 @@ newest one at once, so one that was away catches up on connecting. The producer 
 where it listens to `stores/UUID/notify.json` (the one object in the bucket that changes:
 it holds no data). A consumer reads it when it connects, and again after the connection
 drops (the producer may have restarted elsewhere), with backoff.
+
+A notice may carry the catalog object it names, as PUT, and the index objects of the packs
+the pass PUT (`Inline`, when together they are at most INLINE_MAX bytes), so that a
+consumer applies it without a request to the bucket. Such a line is signed: an HMAC-SHA256
+under a key the daemon draws at start and writes to `notify.json`, so only a party that can
+read the bucket can make one; a line whose signature does not check is used as a plain
+notice (docs/format.md section 9.6).
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InvalidArgument, RemoteError
@@ -25,6 +36,70 @@ from .s3 import Bucket
 log = logging.getLogger("cowfs.notices")
 SEND_TIMEOUT = 2.0  # a consumer that takes no line for this long is dropped
 RETRY_FIRST, RETRY_MAX = 0.2, 10.0
+INLINE_MAX = 256 << 10  # bytes of catalog object and pack indexes a notice may carry (4/3 of it in base64)
+
+
+@dataclass(frozen=True)
+class Inline:
+    """What a notice carries beside the key: the catalog object `key` names, as PUT
+    (zstd-compressed), and the index objects of the packs its pass PUT, by pack name."""
+    catalog: bytes
+    indexes: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.catalog) + sum(len(v) for v in self.indexes.values())
+
+
+@dataclass(frozen=True)
+class Notice:
+    store: str
+    generation: int
+    key: str
+    inline: Inline | None = None  # None: the consumer reads the objects from the bucket
+
+
+def _signed_part(msg: dict[str, Any]) -> bytes:
+    """The bytes a line's signature covers: every field but "mac", in one canonical form."""
+    return json.dumps({k: v for k, v in msg.items() if k != "mac"}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def encode_notice(store: str, generation: int, key: str, inline: Inline | None, mac_key: bytes) -> bytes:
+    """One line of the stream; `inline` is carried (and the line signed) only when it is at
+    most INLINE_MAX bytes."""
+    msg: dict[str, Any] = {"store": store, "generation": generation, "key": key}
+    if inline is not None and inline.size <= INLINE_MAX:
+        msg["catalog"] = _b64(inline.catalog)
+        msg["indexes"] = {name: _b64(data) for name, data in sorted(inline.indexes.items())}
+        msg["mac"] = hmac.new(mac_key, _signed_part(msg), hashlib.sha256).hexdigest()
+    return json.dumps(msg).encode() + b"\n"
+
+
+def decode_notice(line: bytes, mac_key: bytes | None) -> Notice:
+    """A line of the stream (ValueError or KeyError if it is not one). What it carries
+    inline is kept only if its signature checks under `mac_key` (None: the producer
+    published no key, so nothing inline is trusted)."""
+    msg = json.loads(line)
+    notice = Notice(str(msg["store"]), int(msg["generation"]), str(msg["key"]))
+    if "catalog" not in msg:
+        return notice
+    mac = msg.get("mac")
+    good = mac_key is not None and isinstance(mac, str) and hmac.compare_digest(
+        mac, hmac.new(mac_key, _signed_part(msg), hashlib.sha256).hexdigest())
+    if not good:
+        log.warning("a notice of store %s generation %d carries objects whose signature does not check: "
+                    "they are read from the bucket instead", notice.store, notice.generation)
+        return notice
+    try:
+        inline = Inline(base64.b64decode(msg["catalog"], validate=True),
+                        {str(n): base64.b64decode(d, validate=True) for n, d in dict(msg["indexes"]).items()})
+    except (ValueError, TypeError, KeyError):
+        return notice
+    return Notice(notice.store, notice.generation, notice.key, inline)
 
 
 def notify_key(bucket: Bucket, store_uuid: str) -> str:
@@ -43,6 +118,7 @@ class NoticeServer:
         self.address = f"{host}:{self.sock.getsockname()[1]}"
         self.bucket = bucket
         self.store_uuid = store_uuid
+        self.mac_key = os.urandom(32)  # signs what notices carry inline; in notify.json for consumers
         self._clients: list[socket.socket] = []
         self._lock = threading.Lock()
         self._latest: bytes | None = None
@@ -52,8 +128,8 @@ class NoticeServer:
 
     def publish_address(self) -> None:
         """Write notify.json (RemoteError if the bucket refuses; tried again at the next notice)."""
-        body = {"format": "cowfs-notify", "version": 1, "address": self.address, "pid": os.getpid(),
-                "started_ns": time.time_ns()}
+        body = {"format": "cowfs-notify", "version": 2, "address": self.address, "pid": os.getpid(),
+                "started_ns": time.time_ns(), "mac_key": self.mac_key.hex()}
         self.bucket.put(notify_key(self.bucket, self.store_uuid), json.dumps(body).encode())
         self.published = True
 
@@ -79,8 +155,8 @@ class NoticeServer:
                     self._clients.remove(conn)
             conn.close()
 
-    def notify(self, generation: int, key: str) -> None:
-        line = json.dumps({"store": self.store_uuid, "generation": generation, "key": key}).encode() + b"\n"
+    def notify(self, generation: int, key: str, inline: Inline | None = None) -> None:
+        line = encode_notice(self.store_uuid, generation, key, inline, self.mac_key)
         with self._lock:
             self._latest = line
             clients = list(self._clients)
@@ -97,9 +173,9 @@ class NoticeServer:
 
 
 class NoticeListener:
-    """Calls `on_notice(generation, key)` in its own thread for each notice of `store_uuid`."""
+    """Calls `on_notice(notice)` in its own thread for each notice of `store_uuid`."""
 
-    def __init__(self, bucket: Bucket, store_uuid: str, on_notice: Callable[[int, str], None]) -> None:
+    def __init__(self, bucket: Bucket, store_uuid: str, on_notice: Callable[[Notice], None]) -> None:
         self.bucket, self.store_uuid, self.on_notice = bucket, store_uuid, on_notice
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
@@ -107,18 +183,22 @@ class NoticeListener:
         self.thread = threading.Thread(target=self._run, name="cowfs-notice-listener", daemon=True)
         self.thread.start()
 
-    def _address(self) -> tuple[str, int] | None:
+    def _address(self) -> tuple[tuple[str, int], bytes | None] | None:
+        """Where the producer listens, and the key its inline objects are signed with (None:
+        a producer that signs nothing)."""
         try:
             info: dict[str, Any] = json.loads(self.bucket.get(notify_key(self.bucket, self.store_uuid)))
-            return parse_address(str(info["address"]))
+            mac_key = info.get("mac_key")
+            return parse_address(str(info["address"])), bytes.fromhex(mac_key) if isinstance(mac_key, str) else None
         except (RemoteError, ValueError, KeyError, InvalidArgument):
             return None
 
     def _run(self) -> None:
         retry = RETRY_FIRST
         while not self._stop.is_set():
-            addr = self._address()
-            if addr is not None:
+            found = self._address()
+            if found is not None:
+                addr, mac_key = found
                 try:
                     with socket.create_connection(addr, timeout=5) as sock:
                         sock.settimeout(None)
@@ -126,13 +206,13 @@ class NoticeListener:
                         self.connected.set()
                         retry = RETRY_FIRST
                         for line in sock.makefile("rb"):
-                            msg = json.loads(line)
-                            if msg.get("store") != self.store_uuid:
+                            notice = decode_notice(line, mac_key)
+                            if notice.store != self.store_uuid:
                                 continue
                             try:
-                                self.on_notice(int(msg["generation"]), str(msg["key"]))
+                                self.on_notice(notice)
                             except Exception:  # noqa: BLE001 - one bad notice must not end the listener
-                                log.exception("notice %s not handled", msg)
+                                log.exception("notice of generation %d not handled", notice.generation)
                 except (OSError, ValueError, KeyError) as e:
                     if not self._stop.is_set():
                         log.info("notices from %s: %s", addr, e)

@@ -23,11 +23,12 @@ from typing import Callable
 from ..errors import RemoteError, StoreError
 from ..store.catalog.schema import SAME_TABLES, SCHEMA_VERSION
 from ..store.log.log import Location
-from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs
+from .catalogs import CatalogObject, chain_to, fetch_catalog, retained_catalogs, write_catalog
 from .changes import Changes, scan
 from .config import REMOTE_STATE_FILE, RemoteConfig
 from .consumer_bucket import ConsumerBucket
 from .deltas import apply_delta, parse_delta_name
+from .notices import Inline
 from .s3 import MissingObject
 
 log = logging.getLogger("cowfs.replica")
@@ -141,17 +142,41 @@ class ReplicaSource:
         return path, files[path]
 
     def fetch_catalog(self, gen: int, key: str, learn: bool = True,
-                      before_apply: Callable[[], None] | None = None) -> "Fetched":
+                      before_apply: Callable[[], None] | None = None, inline: Inline | None = None) -> "Fetched":
         """Generation `gen`, made servable from the packs: the delta `key` applied in place to
         the catalog file holding the generation it starts from, else the chain of objects the
         bucket has that leads there (a whole catalog, as a new file, and deltas applied to it).
         `learn` False: the caller learns the indexes; `before_apply` (then) is called after
         each object is downloaded and before it is applied, which needs the indexes of the
         packs its chunks are in: it returns once they are learnt (or raises why not), so the
-        downloads run beside the learning (union_source.py)."""
+        downloads run beside the learning (union_source.py).
+
+        `inline`: what the notice of `gen` carried (notices.Inline): the object `key` is taken
+        from it, not from the bucket, and its indexes are learnt first; with no learning asked
+        for or waited on, an object that names a chunk in no known pack is applied only after a
+        look at the bucket (consumer_bucket.py)."""
         cur = self.current()
         if cur is not None and cur[1] >= gen:
             return Fetched(cur[0], cur[1], Changes(cur[1], cur[1]), new_file=False)
+        check = inline is not None and before_apply is None
+        if inline is not None and check:
+            self.shared.add_indexes(inline.indexes)
+        elif learn:
+            self.learn_indexes()
+
+        def ready(path: Path) -> None:
+            if before_apply is not None:
+                before_apply()
+            if check:
+                if self.shared.unresolved(path):
+                    self.learn_indexes()
+                else:
+                    self.shared.applied_without_look()
+
+        return self._fetch(cur, gen, key, ready, (key, inline.catalog) if inline is not None else None)
+
+    def _fetch(self, cur: tuple[Path, int] | None, gen: int, key: str, ready: Callable[[Path], None],
+               carried: tuple[str, bytes] | None) -> "Fetched":
         name = key.rsplit("/", 1)[-1]
         parsed = parse_delta_name(name)
         held = {cur[1]} if cur is not None else set()
@@ -160,8 +185,6 @@ class ReplicaSource:
             steps = [CatalogObject(self.store_uuid, gen, key, 0)]
         elif parsed is not None and parsed[1] in held:
             steps = [CatalogObject(self.store_uuid, gen, key, 0, parsed[1])]
-        if learn:
-            self.learn_indexes()
         origin = cur[1] if cur is not None else 0
         changes = Changes(origin, gen)  # since the generation served before, over every step
         new_file = False  # a whole catalog made a new file (in either attempt)
@@ -175,10 +198,10 @@ class ReplicaSource:
             try:
                 for step in steps:
                     if step.from_gen is None:
-                        path, new_file = self._whole(step, before_apply), True
+                        path, new_file = self._whole(step, ready, carried), True
                     else:
                         assert path is not None
-                        self._delta(path, step, changes, before_apply)
+                        self._delta(path, step, changes, ready, carried)
                 assert path is not None
                 if new_file:  # what changed since the generation served before: a scan of the new file
                     changes = self._scan(path, origin, gen)
@@ -196,9 +219,12 @@ class ReplicaSource:
             steps = None
         raise AssertionError("unreachable")
 
-    def _get(self, key: str, dest: Path) -> None:
-        """A catalog object decompressed into `dest`, streamed (catalogs.fetch_catalog)."""
-        if not fetch_catalog(self.bucket, key, dest):
+    def _get(self, key: str, dest: Path, carried: tuple[str, bytes] | None = None) -> None:
+        """A catalog object decompressed into `dest`, streamed (catalogs.fetch_catalog), or
+        from the bytes a notice `carried` (its key, its bytes) if it is that one."""
+        if carried is not None and carried[0] == key:
+            write_catalog("a notice", key, carried[1], dest)
+        elif not fetch_catalog(self.bucket, key, dest):
             raise MissingObject(f"{self.bucket.where}: {key} was deleted since it was listed")
 
     @staticmethod
@@ -209,12 +235,11 @@ class ReplicaSource:
         finally:
             conn.close()
 
-    def _whole(self, cat: CatalogObject, before_apply: Callable[[], None] | None = None) -> Path:
+    def _whole(self, cat: CatalogObject, ready: Callable[[Path], None], carried: tuple[str, bytes] | None) -> Path:
         dest = self.cache / catalog_name(self.store_uuid, cat.generation)
         tmp = dest.with_name(dest.name + ".tmp")
-        self._get(cat.key, tmp)
-        if before_apply is not None:
-            before_apply()
+        self._get(cat.key, tmp, carried)
+        ready(tmp)
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
             check_schema(conn, cat.key)
@@ -233,8 +258,8 @@ class ReplicaSource:
         os.replace(tmp, dest)
         return dest
 
-    def _delta(self, path: Path, cat: CatalogObject, changes: Changes,
-               before_apply: Callable[[], None] | None = None) -> None:
+    def _delta(self, path: Path, cat: CatalogObject, changes: Changes, ready: Callable[[Path], None],
+               carried: tuple[str, bytes] | None) -> None:
         """Apply the delta `cat` to the catalog file `path` in place, in one transaction: its
         rows, then its new chunk rows and those in packs the cache's remote.db no longer
         knows pointed at the packs; what it changed is added to `changes`. Readers of the
@@ -242,9 +267,8 @@ class ReplicaSource:
         assert cat.from_gen is not None
         part = path.with_name(f"{path.name}.{cat.generation}.delta")
         try:
-            self._get(cat.key, part)
-            if before_apply is not None:
-                before_apply()
+            self._get(cat.key, part, carried)
+            ready(part)
             conn = sqlite3.connect(path, isolation_level=None)
             try:
                 conn.execute("ATTACH DATABASE ? AS d", (str(part),))

@@ -29,6 +29,7 @@ from .config import (
 )
 from .evict import evict
 from .gc import DEFAULT_GRACE, collect
+from .notices import Inline
 from .s3 import Bucket
 from .state import RemoteState
 from .upload import PushReport, push
@@ -102,7 +103,7 @@ class RemoteTier:
 
     def push(self, progress: Callable[[int, int], None] | None = None,
              stop: Callable[[], bool] | None = None, background: bool = False, whole: bool = False,
-             on_catalog: Callable[[int, str], None] | None = None) -> PushReport:
+             on_catalog: Callable[[int, str, Inline], None] | None = None) -> PushReport:
         """One upload pass. `background` (the daemon's passes): on a thread of its own at a
         lower CPU priority (nice +UPLOAD_NICE, inherited by boto3's part threads), so saves
         going on meanwhile get the CPU first. `whole`: a whole catalog too; `on_catalog`:

@@ -22,6 +22,7 @@ from .changes import Changes
 from .config import RemoteConfig
 from .consumer_bucket import ConsumerBucket
 from .merge import MergedCatalog, Step, fresh
+from .notices import Inline
 from .pins import Pins
 from .source import Fetched, ReplicaSource
 
@@ -101,11 +102,16 @@ class UnionSource:
             raise failed[store]
         return changes
 
-    def steps(self, wanted: dict[str, tuple[int, str]]) -> tuple[Changes | None, dict[str, Exception]]:
+    def steps(self, wanted: dict[str, tuple[int, str]], inline: dict[str, Inline] | None = None
+              ) -> tuple[Changes | None, dict[str, Exception]]:
         """Several stores brought to the generations `wanted` names (store -> (generation,
         key)) at once: the pack indexes read once, the catalog objects fetched side by side,
         one merged transaction. Returns what changed in the merged tree (None if nothing was
-        merged) and the stores that failed, with why (they keep their generation)."""
+        merged) and the stores that failed, with why (they keep their generation).
+        `inline`: what the notices of those generations carried (store -> notices.Inline):
+        when every store of the batch has it, the batch makes no request to the bucket unless
+        an object names a chunk in a pack none of the notices' indexes tells of
+        (consumer_bucket.py)."""
         todo = {s: gk for s, gk in wanted.items() if gk[0] > self.held(s) or self._resync}
         if not todo:
             return None, {}
@@ -113,6 +119,11 @@ class UnionSource:
         failed: dict[str, Exception] = {}
         fetched: dict[str, Fetched] = {}
         self.step_seconds = {}
+        carried = {s: inline[s] for s in todo if inline and s in inline}
+        if len(carried) == len(todo) and not self._resync:
+            return self._steps_carried(todo, carried, t0)
+        for store in sorted(carried):  # (not read again by the learning)
+            self.shared.add_indexes(carried[store].indexes)
 
         def learn() -> None:
             self.shared.learn_indexes()
@@ -127,12 +138,40 @@ class UnionSource:
                 gen, key = todo[store]
                 try:
                     fetched[store] = self.add_store(store).fetch_catalog(
-                        gen, key, learn=False, before_apply=lambda: _indexes_learnt(learning))
+                        gen, key, learn=False, before_apply=lambda: _indexes_learnt(learning),
+                        inline=carried.get(store))
                 except CowfsError as e:
                     failed[store] = e
 
             list(pool.map(fetch, sorted(todo)))
             learning.result()  # a failure to learn fails the batch (its stores were not applied)
+        return self._merge(fetched, failed, t0)
+
+    def _steps_carried(self, todo: dict[str, tuple[int, str]], carried: dict[str, Inline],
+                       t0: float) -> tuple[Changes | None, dict[str, Exception]]:
+        """`steps` where every notice carried its objects: every notice's indexes learnt first
+        (a store's delta may name chunks in a pack another store of the batch put), then the
+        objects applied side by side, each after a look at the bucket only if it needs one."""
+        failed: dict[str, Exception] = {}
+        fetched: dict[str, Fetched] = {}
+        for store in sorted(carried):
+            self.shared.add_indexes(carried[store].indexes)
+        self.step_seconds["notices' indexes"] = time.monotonic() - t0
+
+        def fetch(store: str) -> None:
+            gen, key = todo[store]
+            try:
+                fetched[store] = self.add_store(store).fetch_catalog(gen, key, inline=carried[store])
+            except CowfsError as e:
+                failed[store] = e
+
+        with ThreadPoolExecutor(min(len(todo), FETCH_THREADS), thread_name_prefix="cowfs-union-fetch") as pool:
+            list(pool.map(fetch, sorted(todo)))
+        return self._merge(fetched, failed, t0)
+
+    def _merge(self, fetched: dict[str, Fetched], failed: dict[str, Exception],
+               t0: float) -> tuple[Changes | None, dict[str, Exception]]:
+        """The fetched stores' generations merged in one transaction (`steps`)."""
         t2 = time.monotonic()
         if not fetched:
             return None, failed

@@ -18,7 +18,8 @@
    or deleted meanwhile is uploaded again, until the objects need nothing from doomed packs.
 6. PUT the delta `stores/UUID/catalog/G.from-F.delta.zst`, compressed, note it and look
    again as in 5 (a gc that marked during the PUT); then consumers may be told of G
-   (`on_catalog`). Then the whole catalog `stores/UUID/catalog/G.db.zst` if one was read,
+   (`on_catalog`, given the delta's bytes and the indexes of the pass's packs, which a
+   notice may carry: notices.Inline). Then the whole catalog `stores/UUID/catalog/G.db.zst` if one was read,
    the same way. If what they need cannot be uploaded again, the objects are deleted and
    the pass fails. After a whole catalog, delete the store's catalog objects older than
    the whole one before it (`whole`: older than this one). Trim the change log.
@@ -45,6 +46,7 @@ from ..store.log.records import RecordError, check_record
 from . import deltas
 from .bucket_look import Looks, catalog_key, delta_key, index_key, pack_key, refresh
 from .catalogs import retained_catalogs
+from .notices import INLINE_MAX, Inline
 from .packs import PackArena, PackBuilder
 from .s3 import PART_SIZE, Bucket
 from .state import RemoteState
@@ -143,13 +145,15 @@ def read_records(store: "Store", run: list[tuple[bytes, Location]],
 
 def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None = None,
          progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
-         whole: bool = False, on_catalog: Callable[[int, str], None] | None = None,
+         whole: bool = False, on_catalog: Callable[[int, str, Inline], None] | None = None,
          looks: Looks | None = None) -> PushReport:
     """Upload what the bucket lacks of the store's current generation; see the module text.
     `whole`: a whole catalog as well as the delta, and the store's older catalog objects
     deleted (what remote gc's pass does, so that what the store dropped stops being live).
-    `on_catalog(generation, key)`: called once the generation's delta is in and checked (or
-    its whole catalog, for the first), so consumers can be told (`report.told`). When a
+    `on_catalog(generation, key, inline)`: called once the generation's delta is in and
+    checked (or its whole catalog, for the first), so consumers can be told (`report.told`);
+    `inline` holds that object's bytes and the indexes of the packs the pass PUT (none if
+    they came to more than INLINE_MAX). When a
     whole catalog is due by the size of the deltas since the last (not asked for, no pack
     forgotten), a pass that tells runs as two: the delta alone, told at once, then the whole
     catalog (and a delta of what changed meanwhile), so the notice does not wait for a copy
@@ -165,7 +169,7 @@ def push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | No
 
 def _push(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None,
           progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None, whole: bool,
-          on_catalog: Callable[[int, str], None] | None, looks: Looks) -> PushReport:
+          on_catalog: Callable[[int, str, Inline], None] | None, looks: Looks) -> PushReport:
     if on_catalog is not None and not whole and state.since() is not None and state.full_check_due() is None \
             and _whole_due(state):
         first = _pass(store, bucket, state, pack_size, progress, stop, False, on_catalog, looks, whole_due=False)
@@ -188,7 +192,8 @@ def _merged(first: PushReport, second: PushReport) -> PushReport:
 
 def _pass(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | None,
           progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None, whole: bool,
-          on_catalog: Callable[[int, str], None] | None, looks: Looks, whole_due: bool | None = None) -> PushReport:
+          on_catalog: Callable[[int, str, Inline], None] | None, looks: Looks,
+          whole_due: bool | None = None) -> PushReport:
     """One pass of `push`; `whole_due` False: no whole catalog unless asked for or a pack was
     forgotten (None: by `_whole_due`)."""
     t0 = time.monotonic()
@@ -234,10 +239,12 @@ def _pass(store: "Store", bucket: Bucket, state: RemoteState, pack_size: int | N
         keys: list[str] = []
         try:
             for path, key, from_gen in _catalog_objects(bucket, store.config.store_uuid, plan):
-                keys.append(_put_catalog(bucket, state, plan, report, path, key, from_gen))
+                data = _put_catalog(bucket, state, plan, report, path, key, from_gen)
+                keys.append(key)
                 up.settle(plan, pinned)
                 if on_catalog is not None and len(keys) == 1 and (from_gen is not None or plan.since is None):
-                    on_catalog(gen, key)  # a delta, or the first catalog: not a whole one consumers have the delta of
+                    # a delta, or the first catalog: not a whole one consumers have the delta of
+                    on_catalog(gen, key, Inline(data, up.indexes if up.indexes is not None else {}))
                     report.told = True
         except RemoteError:
             # a gc marked (and may delete) packs the catalog needs, which cannot be uploaded
@@ -304,6 +311,7 @@ class _Uploader:
                  looks: Looks) -> None:
         self.store, self.bucket, self.state = store, bucket, state
         self.pack_size, self.report, self.looks = pack_size, report, looks
+        self.indexes: dict[str, bytes] | None = {}  # the packs' index objects; None past INLINE_MAX
 
     def chunks(self, locs: list[tuple[bytes, Location]], progress: Callable[[int, int], None] | None = None,
                stop: Callable[[], bool] | None = None) -> bool:
@@ -340,7 +348,11 @@ class _Uploader:
         return True
 
     def pack(self, builder: PackBuilder) -> None:
-        _upload_pack(self.bucket, self.state, builder, self.report)
+        name, index = _upload_pack(self.bucket, self.state, builder, self.report)
+        if self.indexes is not None:
+            self.indexes[name] = index
+            if sum(len(v) for v in self.indexes.values()) > INLINE_MAX:
+                self.indexes = None
 
     def settle(self, plan: _Plan, pinned: list[bytes], before_put: bool = False) -> None:
         """Look at the bucket again and upload what the copy needs that a remote gc marked or
@@ -372,7 +384,8 @@ class _Uploader:
                           "during this pass; the next pass tries again")
 
 
-def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, report: PushReport) -> None:
+def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, report: PushReport) -> tuple[str, bytes]:
+    """PUT the pack and its index, and note them; returns the pack's name and its index."""
     name, data, index = builder.finish(avoid=state.doomed_packs())
     key = pack_key(bucket, name)
     # A pack another store (or a pass cut short) put already is not sent again when it is
@@ -385,6 +398,7 @@ def _upload_pack(bucket: Bucket, state: RemoteState, builder: PackBuilder, repor
     report.packs += 1
     report.chunks += len(builder.entries)
     report.bytes += builder.size
+    return name, index
 
 
 def _catalog_objects(bucket: Bucket, uuid: str, plan: _Plan) -> list[tuple[Path, str, int | None]]:
@@ -401,8 +415,8 @@ def _catalog_objects(bucket: Bucket, uuid: str, plan: _Plan) -> list[tuple[Path,
 
 
 def _put_catalog(bucket: Bucket, state: RemoteState, plan: _Plan, report: PushReport, path: Path, key: str,
-                 from_gen: int | None) -> str:
-    """PUT one catalog object, compressed, and note it."""
+                 from_gen: int | None) -> bytes:
+    """PUT one catalog object, compressed, and note it; returns the bytes PUT."""
     with open(path, "rb") as f:
         data = zstandard.ZstdCompressor(level=CATALOG_LEVEL, write_content_size=True).compress(f.read())
     bucket.put(key, data)
@@ -413,7 +427,7 @@ def _put_catalog(bucket: Bucket, state: RemoteState, plan: _Plan, report: PushRe
     else:
         report.whole_key = key
     report.catalog_key = report.catalog_key or key
-    return key
+    return data
 
 
 def _drop_old_catalogs(bucket: Bucket, state: RemoteState, store_uuid: str, gen: int, keep_previous: bool) -> None:

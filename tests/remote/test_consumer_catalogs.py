@@ -149,13 +149,13 @@ def test_a_delta_deleted_after_its_listing_is_followed_by_the_whole_catalog_that
         original_get = ReplicaSource._get
         asked: list[str] = []
 
-        def get(self: ReplicaSource, key: str, dest: Path) -> None:
+        def get(self: ReplicaSource, key: str, dest: Path, carried: tuple[str, bytes] | None) -> None:
             asked.append(key.rsplit("/", 1)[-1])
             if key == r3.delta_key and asked.count(asked[-1]) == 1:
                 whole = tier_of(s).push(whole=True)  # the producer's next whole catalog, of G3
                 assert whole.whole_key and whole.generation == r3.generation
                 self.bucket.delete([key])  # and its retention deletes the delta
-            original_get(self, key, dest)
+            original_get(self, key, dest, carried)
 
         monkeypatch.setattr(ReplicaSource, "_get", get)
         try:

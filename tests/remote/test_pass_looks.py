@@ -80,8 +80,9 @@ def test_a_long_pass_looks_again_before_its_put(tmp_path, rgw, s3_bucket, listed
         real = upload._upload_pack
 
         def slow(*a, **k):  # type: ignore[no-untyped-def]
-            real(*a, **k)
+            out = real(*a, **k)
             clock.now += FRESH  # the pack took as long as a look stays fresh
+            return out
 
         monkeypatch.setattr(upload, "_upload_pack", slow)
         assert push_file(s, "b.bin", data(1 << 20, 2), listed) == {"gc": 3}

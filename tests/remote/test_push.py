@@ -12,6 +12,7 @@ import pytest
 
 from cowfs.errors import InvalidArgument, RemoteError
 from cowfs.remote.config import RemoteConfig
+from cowfs.remote.notices import Inline
 from cowfs.remote.s3 import AccessDenied, Bucket
 from cowfs.remote.tier import tier_of
 from cowfs.store import ROOT_INO, Store
@@ -123,8 +124,9 @@ from cowfs.remote import upload
 upload.PACK_SIZE = 1 << 20  # many packs: the kill lands between two of them
 real = upload._upload_pack
 def slow(*a, **k):
-    real(*a, **k)
+    out = real(*a, **k)
     print("pack", flush=True)
+    return out
 upload._upload_pack = slow
 with Store.open(sys.argv[1]) as s:
     tier_of(s).push(stop=None)
@@ -291,9 +293,13 @@ def test_a_whole_catalog_every_max_deltas_and_the_chain_before_the_previous_one_
         timeline: list[str] = []  # "tell", and "copy" when a pass reads a whole copy of the catalog
         take = upload.deltas.take
 
-        def tell(gen: int, key: str) -> None:  # what the bucket holds when consumers are told
+        def tell(gen: int, key: str, inline: Inline) -> None:  # what the bucket holds when consumers are told
             timeline.append("tell")
             told.append((gen, key, [k for k in bucket_objects(cfg) if "/catalog/" in k]))
+            # what a notice may carry: the object told of, and the indexes of the pass's packs, as PUT
+            assert inline.catalog == Bucket(cfg).get(key)
+            assert inline.indexes and all(Bucket(cfg).get(Bucket(cfg).key("index", n)) == v
+                                          for n, v in inline.indexes.items())
 
         def taking(store, since, delta, base):  # type: ignore[no-untyped-def]
             if base is not None:

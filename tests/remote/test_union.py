@@ -72,6 +72,8 @@ def test_a_consumer_of_every_store_shows_the_union_and_the_later_commit(stores, 
             wait_for("n1's latest again", lambda: has_bytes(latest, b"step-1"))
             (n1 / "run1" / "latest").unlink()
             wait_for("no latest", lambda: not latest.exists())
+            # those steps came as notices that carried their objects, applied from them
+            assert "notices' indexes" in (tmp_path / "cache" / "cowfs.log").read_text()
             # a third store that sends no notices: followed by looks at the bucket
             cowfs("remote", "set", str(stores[2]), url, "--endpoint", endpoint)
             with mounted(stores[2], tmp_path / "n2") as n2:

@@ -129,15 +129,31 @@ def saves(work: Path, url: str, endpoint: str, size: int, n: int) -> dict[str, A
 
 
 def _watch_lines(target: Path) -> tuple[subprocess.Popen, "queue.Queue[tuple[float, dict]]"]:
+    """`cowfs watch --json` of `target`, its events put in the queue as they come, returned once
+    it has subscribed (its "watching" line): events of changes made after are not missed."""
     p = subprocess.Popen([sys.executable, "-m", "cowfs.cli", "watch", str(target), "--json"],
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     q: queue.Queue[tuple[float, dict]] = queue.Queue()
+    said: list[str] = []
+    for line in p.stderr:  # type: ignore[union-attr]
+        said.append(line)
+        if line.startswith("cowfs: watching"):
+            break
+    else:
+        p.wait()
+        raise RuntimeError(f"bench: cowfs watch {target} did not start: {''.join(said).strip()}")
+    sys.stderr.write("".join(said))
 
     def read() -> None:
         for line in p.stdout:  # type: ignore[union-attr]
             q.put((time.perf_counter(), json.loads(line)))
 
+    def relay() -> None:  # what it says later (its end), as before
+        for line in p.stderr:  # type: ignore[union-attr]
+            sys.stderr.write(line)
+
     threading.Thread(target=read, daemon=True).start()
+    threading.Thread(target=relay, daemon=True).start()
     return p, q
 
 
