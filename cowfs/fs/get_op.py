@@ -10,6 +10,10 @@ and sends it back, or (`"into": true`) it fills one the client sent: a memfd of 
 client's, writable and sealed against shrinking (so a mapping of it can never fault past
 its end), grown to the file's size if smaller; the client reads the first `size` bytes. A
 damaged chunk fails the whole get with EIO and is logged as a read's would be.
+
+With `"ranges": [[OFFSET, LENGTH], ...]` (sorted, apart) only those bytes are read: each
+range is widened to the whole chunks it touches, and the widened ranges lie back to back in
+the memfd; the reply's `ranges` says which they are (a range past the end is cut there).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from ..store.data.reader import FileReader
     from .operations import CowfsOperations
 
+MAX_RANGES = 256  # ranges one get may name (its request is one line of at most 4096 bytes: bulk_messages.py)
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # (Linux 5.1; not in every Python's fcntl)
 
@@ -42,14 +47,34 @@ def memory_available() -> int:
     return 0
 
 
-def _fill_memfd(reader: "FileReader") -> int:
-    """(worker thread) A sealed memfd holding the reader's version."""
-    size = reader.size
+def _ranges(header: dict[str, Any]) -> list[tuple[int, int]] | None:
+    """The get's `ranges` as [lo, hi) pairs; None: the whole file. EINVAL if malformed."""
+    raw = header.get("ranges")
+    if raw is None:
+        return None
+    bad = CowfsError(f'malformed get: "ranges" is a list of at most {MAX_RANGES} [offset, length] pairs of integers, '
+                     "length above 0, sorted by offset and not overlapping", errno=errno.EINVAL)
+    if not isinstance(raw, list) or len(raw) > MAX_RANGES:
+        raise bad
+    out: list[tuple[int, int]] = []
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)) or pair[1] == 0:
+            raise bad
+        if out and pair[0] < out[-1][1]:
+            raise bad
+        out.append((pair[0], pair[0] + pair[1]))
+    return out
+
+
+def _fill_memfd(reader: "FileReader", ranges: list[tuple[int, int]]) -> int:
+    """(worker thread) A sealed memfd holding the reader's bytes of `ranges` (FileReader.widen's)."""
+    size = sum(hi - lo for lo, hi in ranges)
     memfd = os.memfd_create("cowfs-get", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         if size:
             os.ftruncate(memfd, size)
-            _read_into_memfd(reader, memfd, size)
+            _read_into_memfd(reader, memfd, size, ranges)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, SEALS)  # (no writable mapping is left)
     except BaseException:
         os.close(memfd)
@@ -57,14 +82,14 @@ def _fill_memfd(reader: "FileReader") -> int:
     return memfd
 
 
-def _fill_clients_memfd(reader: "FileReader", memfd: int) -> None:
-    """(worker thread) The reader's version written into the first bytes of the client's memfd
-    (checked by `_clients_memfd`), which is grown to hold them if it is smaller."""
-    size = reader.size
+def _fill_clients_memfd(reader: "FileReader", memfd: int, ranges: list[tuple[int, int]]) -> None:
+    """(worker thread) The reader's bytes of `ranges` written into the first bytes of the
+    client's memfd (checked by `_clients_memfd`), which is grown to hold them if it is smaller."""
+    size = sum(hi - lo for lo, hi in ranges)
     if os.fstat(memfd).st_size < size:
         os.ftruncate(memfd, size)
     if size:
-        _read_into_memfd(reader, memfd, size)
+        _read_into_memfd(reader, memfd, size, ranges)
 
 
 def _clients_memfd(fds: list[int]) -> int:
@@ -87,14 +112,14 @@ def _populate_for_write(part: memoryview) -> None:
     _native.populate(part, True)
 
 
-def _read_into_memfd(reader: "FileReader", memfd: int, size: int) -> None:
+def _read_into_memfd(reader: "FileReader", memfd: int, size: int, ranges: list[tuple[int, int]]) -> None:
     # the memfd's pages made and mapped a span at a time, not one fault at a time, by the
     # threads that fill the spans (making shmem pages costs as much as reading them): by
     # populate, which releases the GIL (mmap.mmap with MAP_POPULATE holds it)
     mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
     view = memoryview(mapping)
     try:
-        reader.read_into(view, _populate_for_write)
+        reader.read_ranges_into(view, ranges, _populate_for_write)
         failure = None
     except BaseException as e:  # its traceback's frames hold views of the mapping: dropped
         failure = e.with_traceback(None)
@@ -112,8 +137,10 @@ async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
     """{"op": "get", "fd": F} (F: the client's descriptor of the file, open for reading through
     the mount): the reply carries a sealed memfd of the file's bytes; with `"into": true` and
     a memfd of the client's (`_clients_memfd`), that memfd is filled and the reply carries
-    none. The result is their size and the version's id."""
+    none. The result is their size and the version's id; with `ranges` (see the module
+    text), also the ranges the memfd holds, back to back, and their bytes (`filled`)."""
     into = header.get("into", False)
+    asked = _ranges(header)
     if not isinstance(into, bool):
         raise CowfsError('malformed get: "into" is true or false', errno=errno.EINVAL)
     if into:
@@ -125,16 +152,23 @@ async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
     try:
         reader, attr = await trio.to_thread.run_sync(ops.committed_version, view, ino)
         try:
-            if reader.size > memory_available() // 2:
-                raise CowfsError(f"the file's {reader.size} bytes would take more than half of the memory available: "
-                                 f"read it through the mount", errno=errno.ENOMEM)
+            ranges = [(0, reader.size)] if asked is None else reader.widen(asked)
+            need = sum(hi - lo for lo, hi in ranges)
+            if need > memory_available() // 2:
+                raise CowfsError(f"the {need} bytes would take more than half of the memory available: read "
+                                 f"{'them' if asked else 'the file'} through the mount, or get fewer ranges",
+                                 errno=errno.ENOMEM)
+            ranges = [(lo, hi) for lo, hi in ranges if hi > lo]
             if into:
-                await trio.to_thread.run_sync(_fill_clients_memfd, reader, memfd)
+                await trio.to_thread.run_sync(_fill_clients_memfd, reader, memfd, ranges)
             else:
-                memfd = await trio.to_thread.run_sync(_fill_memfd, reader)
+                memfd = await trio.to_thread.run_sync(_fill_memfd, reader, ranges)
         finally:
             reader.close()
     except CorruptData as e:
         ops.corrupt_log.report(view, ino, e, "get")
         raise CowfsError(f"damaged data: {e}", errno=errno.EIO) from None
-    return {"size": attr.size, "vid": attr.vid}, [] if into else [memfd]
+    result: dict[str, Any] = {"size": attr.size, "vid": attr.vid}
+    if asked is not None:
+        result.update(ranges=[[lo, hi - lo] for lo, hi in ranges], filled=need)
+    return result, [] if into else [memfd]

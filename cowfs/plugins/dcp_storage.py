@@ -7,7 +7,10 @@ Everything else is the stock classes' own: the same file names and bytes, `.meta
 written as `.metadata.tmp` and renamed, the same plans, staging (async_save) and threads.
 So the result is what a save through the mount makes, and the stock FileSystemReader reads
 it. A `.distcp` file is put when DCP closes it (durable then, as its fsync would make it);
-a save that fails midway puts nothing for the file it was writing.
+a save that fails midway puts nothing for the file it was writing. A load gets, of each
+file, only the items its plan reads (ranges, widened to whole chunks by the daemon) when
+they are under RANGES_BELOW of the file: a model-only load of a checkpoint that holds the
+optimizer's state too, or a rank of a resharded load, moves what it uses.
 """
 from __future__ import annotations
 
@@ -60,8 +63,30 @@ class _PutStream(io.BufferedWriter):
             pass
 
 
+RANGES_BELOW = 0.75  # a file's items got as ranges when they take less than this share of it
+RANGE_GAP = 1 << 20  # items closer than this are got as one range
+
+
+def coalesced(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) items as sorted ranges, those that overlap or lie within RANGE_GAP of
+    each other joined."""
+    out: list[tuple[int, int]] = []
+    for off, n in sorted(items):
+        if out and off <= out[-1][0] + out[-1][1] + RANGE_GAP:
+            start = out[-1][0]
+            out[-1] = (start, max(out[-1][1], off + n - start))
+        else:
+            out.append((off, n))
+    return out
+
+
 class CowfsFileSystem(FileSystem):
-    """DCP's FileSystem with files written by puts and read by gets."""
+    """DCP's FileSystem with files written by puts and read by gets; `wanted` (set by Reader
+    for one read_data): path -> the (offset, length) items the plan reads of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wanted: dict[str, list[tuple[int, int]]] = {}
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
@@ -74,7 +99,10 @@ class CowfsFileSystem(FileSystem):
                 raise
             stream.close()
         elif mode == "rb":
-            with open_read(path, kept=True) as f:  # DCP copies what it reads, then closes the file
+            ranges = coalesced(self.wanted.get(os.fspath(path), []))
+            if ranges and sum(n for _o, n in ranges) >= RANGES_BELOW * os.stat(path).st_size:
+                ranges = []  # most of the file: got whole
+            with open_read(path, kept=True, ranges=ranges or None) as f:  # DCP copies what it reads, then closes
                 yield f
         else:
             with super().create_stream(path, mode) as f:
@@ -96,3 +124,15 @@ class Reader(FileSystemReader):
     def __init__(self, path: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
         self.fs = CowfsFileSystem()
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        wanted: dict[str, list[tuple[int, int]]] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            path = os.fspath(self.fs.concat_path(self.path, info.relative_path))
+            wanted.setdefault(path, []).append((int(info.offset), int(info.length)))
+        self.fs.wanted = wanted
+        try:
+            return super().read_data(plan, planner)
+        finally:
+            self.fs.wanted = {}

@@ -109,7 +109,8 @@ def dcp_loads(state: Any, work: Path, reps: int) -> list[str]:
         try:
             for k in range(reps):
                 for kept in ((False, True) if k % 2 == 0 else (True, False)):
-                    dcp_storage.open_read = lambda p, kept=False, _k=kept: open_read(p, kept=_k)  # type: ignore[misc]
+                    dcp_storage.open_read = (  # type: ignore[misc]
+                        lambda p, kept=False, ranges=None, _k=kept: open_read(p, kept=_k, ranges=ranges))
                     target = {key: torch.empty_like(v) for key, v in state.items()}
                     drop_caches()
                     c0, t0 = cpu_seconds(m.pid), time.perf_counter()

@@ -31,6 +31,7 @@ from ..log.buffers import BufferPool
 from ..log.log import Location
 from ..log.records import MAX_PAYLOAD
 from .content import Extent, VersionId, find_extent
+from .spans import range_spans, widen, zero_fill
 
 # read_run(segment, offset, [(chunk id, destination)], verify) -> the payload CRC32s of the
 # records back to back from offset
@@ -94,6 +95,7 @@ class FileReader:
         self.size = size
         self.version = version
         self._starts = [e.offset for e in extents]
+        self._ends = {e.end for e in extents}
         self._read_run = read_run
         self._check = check
         self._prefetch = prefetch
@@ -177,36 +179,43 @@ class FileReader:
             return self._plan(offset, end, None)
 
     def read_into(self, dest: memoryview, prepare: Callable[[memoryview], None] | None = None) -> None:
-        """The whole version into `dest` (`size` bytes, zero-filled: a fresh memfd's pages), each
-        chunk checked as every read is: spans of about WINDOW bytes that begin at chunk starts,
-        read straight into their place by the read-ahead pool's threads at once, the device
-        asked to read INTO_AHEAD spans ahead of them. `prepare(part)` is called on each span's
-        part of `dest` by the thread that loads it, before it does (a memfd's pages are made
-        there, on every thread at once). A damaged chunk raises CorruptData, after every span
-        has finished with `dest`."""
+        """The whole version into `dest` (`size` bytes), each chunk checked as every read is:
+        `read_ranges_into` of the one range [0, size)."""
         if len(dest) != self.size:
             raise ValueError(f"read_into needs {self.size} bytes, not {len(dest)}")
-        starts = [e.offset for e in self.extents if e.chunk is not None]  # where a span may begin
-        spans: list[tuple[int, int]] = []
-        lo = starts[0] if starts else self.size
-        for at in starts:
-            if at - lo >= WINDOW:
-                spans.append((lo, at))
-                lo = at
-        if lo < self.size:
-            spans.append((lo, self.size))
+        self.read_ranges_into(dest, [(0, self.size)] if self.size else [], prepare)
+
+    def widen(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """`ranges` as `read_ranges_into` takes them (spans.widen)."""
+        return widen(self.extents, self._starts, self.size, ranges)
+
+    def read_ranges_into(self, dest: memoryview, ranges: list[tuple[int, int]],
+                         prepare: Callable[[memoryview], None] | None = None) -> None:
+        """The version's bytes of `ranges` (as `widen` makes them: [lo, hi) sorted, apart, not
+        ending inside a chunk) into `dest`, back to back, each chunk checked as every read is;
+        holes are zeros. Spans of about WINDOW bytes that begin at extent starts are read
+        straight into their place by the read-ahead pool's threads at once, the device asked to
+        read INTO_AHEAD spans ahead of them. `prepare(part)` is called on each span's part of
+        `dest` by the thread that loads it, before it does (a memfd's pages are made there, on
+        every thread at once). A damaged chunk raises CorruptData, after every span has
+        finished with `dest`."""
+        need = sum(hi - lo for lo, hi in ranges)
+        if len(dest) != need:
+            raise ValueError(f"read_ranges_into needs {need} bytes, not {len(dest)}")
+        spans = range_spans(self.extents, self._starts, self.size, self._ends, ranges, WINDOW,
+                            lambda lo, hi: zero_fill(dest, lo, hi))
 
         def advise(i: int) -> None:
             if i < len(spans):
-                self._advise_range(*spans[i])
+                self._advise_range(*spans[i][:2])
 
         def load(i: int) -> None:
             advise(i + INTO_AHEAD)  # the device reads ahead of the spans being loaded
-            lo, hi = spans[i]
+            lo, hi, d = spans[i]
             if prepare is not None:
-                prepare(dest[lo:hi])
+                prepare(dest[d:d + hi - lo])
             read_window(self.extents, self._starts, self.size, self._read_run, self._check, lo, hi,
-                        lambda n: dest[lo:lo + n], self._decode)  # type: ignore[arg-type, return-value]
+                        lambda n: dest[d:d + n], self._decode)  # type: ignore[arg-type, return-value]
 
         with self._named_errors():
             for i in range(min(INTO_AHEAD, len(spans))):
@@ -424,10 +433,10 @@ def read_window(extents: list[Extent], starts: list[int], size: int, read_run: R
         if e.chunk is None or e.loc is None:
             continue
         if e.offset > pos:
-            buf[pos - base:e.offset - base] = bytes(e.offset - pos)
+            zero_fill(buf, pos - base, e.offset - base)
         pos = e.end
     if top > pos:
-        buf[pos - base:] = bytes(top - pos)
+        zero_fill(buf, pos - base, top - base)
     for seg, at, _n, run in record_runs(exts):
         payloads = [memoryview(bytearray(e.loc.stored_len)) if e.loc.encoded else buf[e.offset - base:e.end - base]  # type: ignore[union-attr]
                     for e in run]
