@@ -59,7 +59,10 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
     async def learn_later() -> None:  # packs a remote gc deleted forgotten, after steps applied from notices alone
         while True:
             await trio.sleep(STALE_SECONDS)
-            await trio.to_thread.run_sync(source.shared.learn_if_stale)
+            try:
+                await trio.to_thread.run_sync(source.shared.learn_if_stale)
+            except CowfsError as e:  # the bucket unreachable: the next look tries again
+                log.warning("the bucket's pack indexes not looked at (tried again): %s", e)
 
     listener = NoticeListener(source.bucket, source.store_uuid, on_notice)
     retry = Retry(send)

@@ -47,11 +47,17 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
         while True:
             try:
                 await look_at_bucket()
-                # packs a remote gc deleted forgotten, after steps applied from notices alone
-                await trio.to_thread.run_sync(source.shared.learn_if_stale)
+                await learn_if_stale()
             except Exception:  # noqa: BLE001 - following goes on; the next look tries again
                 log.exception("the prefix's stores not looked at")
             await trio.sleep(min(DISCOVER_SECONDS, POLL_SECONDS))
+
+    async def learn_if_stale() -> None:
+        """Packs a remote gc deleted forgotten, after steps applied from notices alone."""
+        try:
+            await trio.to_thread.run_sync(source.shared.learn_if_stale)
+        except CowfsError as e:  # the bucket unreachable: the next look tries again
+            log.warning("the bucket's pack indexes not looked at (tried again): %s", e)
 
     async def look_at_bucket() -> None:
         """New stores, gone stores, and stores that send no notices."""
