@@ -118,22 +118,18 @@ def _get(sock: socket.socket, fd: int, what: str, kept: bool,
     return os.fdopen(fds[0], "rb")
 
 
-class _KeptBytes(io.RawIOBase):
-    """The first `size` bytes of a kept memfd, read-only and seekable; `close` gives the memfd
-    back (whatever the file object's reader made of the bytes must be copies by then)."""
+class _Positioned(io.RawIOBase):
+    """A read-only, seekable file object of `size` bytes: where it is (its readers say what)."""
 
-    def __init__(self, memfds: PartMemfds, memfd: int, size: int) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._memfds, self._memfd, self._size, self._pos = memfds, memfd, size, 0
+        self._size, self._pos = size, 0
 
     def readable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
         return True
-
-    def fileno(self) -> int:
-        return self._memfd
 
     def tell(self) -> int:
         return self._pos
@@ -144,6 +140,18 @@ class _KeptBytes(io.RawIOBase):
             raise OSError(errno.EINVAL, "negative seek position")
         self._pos = base + offset
         return self._pos
+
+
+class _KeptBytes(_Positioned):
+    """The first `size` bytes of a kept memfd, read-only and seekable; `close` gives the memfd
+    back (whatever the file object's reader made of the bytes must be copies by then)."""
+
+    def __init__(self, memfds: PartMemfds, memfd: int, size: int) -> None:
+        super().__init__(size)
+        self._memfds, self._memfd = memfds, memfd
+
+    def fileno(self) -> int:
+        return self._memfd
 
     def read(self, n: int = -1) -> bytes:  # type: ignore[override]
         """(one copy: the memfd's pages into a new bytes object)"""
@@ -173,35 +181,19 @@ class _KeptBytes(io.RawIOBase):
         super().close()
 
 
-class _RangedBytes(io.RawIOBase):
+class _RangedBytes(_Positioned):
     """A file read in its own offsets from the bytes of some of its ranges, which lie back to
     back in `got` (a memfd's file object); what lies outside them is read from `fd`, the
     file open through the mount (the descriptor is closed with the object)."""
 
     def __init__(self, got: Any, ranges: list[list[int]], fd: int, size: int) -> None:
-        super().__init__()
-        self._got, self._fd, self._size, self._pos = got, fd, size, 0
+        super().__init__(size)
+        self._got, self._fd = got, fd
         self._ranges: list[tuple[int, int, int]] = []  # (file offset, length, offset in got)
         at = 0
         for off, n in ranges:
             self._ranges.append((int(off), int(n), at))
             at += int(n)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise OSError(errno.EINVAL, "negative seek position")
-        self._pos = base + offset
-        return self._pos
 
     def _where(self, pos: int) -> tuple[int, int] | None:
         """(offset in got, bytes there) of the range holding `pos`; None outside them."""

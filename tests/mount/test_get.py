@@ -16,12 +16,11 @@ import torch
 
 import cowfs
 from cowfs.plugins.get import open_read
-from cowfs.store import Store
-from cowfs.store.log.layout import segment_path
 from tests.mount.test_compact_mount import write_checkpoints
 from tests.mount.test_put import NOBODY, _as_nobody
 from tests.support.mountutil import cowfs as cowfs_cli
 from tests.support.mountutil import mounted, new_store
+from tests.support.storeutil import damage_middle_chunk
 from tools.harnessutil import sha_file
 
 pytestmark = pytest.mark.mount
@@ -119,15 +118,7 @@ def test_get_of_a_damaged_chunk_is_eio(tmp_path: Path) -> None:
     with mounted(store_path, tmp_path / "m") as mnt:
         (mnt / "f").write_bytes(data)
         (mnt / "ok").write_bytes(b"fine")
-    with Store.open(store_path) as s:
-        with s.open_reader(s.resolve("/f").ino) as r:
-            e = r.extents[len(r.extents) // 2]
-    with open(segment_path(store_path, e.loc.seg_id), "r+b") as seg:
-        at = e.loc.offset + 64 + e.length // 2
-        seg.seek(at)
-        old = seg.read(1)
-        seg.seek(at)
-        seg.write(bytes([old[0] ^ 0xFF]))
+    damage_middle_chunk(store_path, "/f")
     with mounted(store_path, tmp_path / "m") as mnt:
         with pytest.raises(OSError) as err:
             _via_get(mnt / "f")

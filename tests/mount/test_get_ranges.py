@@ -19,9 +19,8 @@ import cowfs.dcp
 from cowfs.plugins import get as get_mod
 from cowfs.plugins.bulk import BulkRefused, daemon_socket, request
 from cowfs.plugins.get import open_read
-from cowfs.store import Store
-from cowfs.store.log.layout import segment_path
 from tests.support.mountutil import mounted, new_store
+from tests.support.storeutil import damage_middle_chunk
 
 pytestmark = pytest.mark.mount
 MIB = 1 << 20
@@ -101,21 +100,13 @@ def test_a_damaged_chunk_fails_only_the_ranges_that_hold_it(tmp_path: Path) -> N
     data = os.urandom(6 * MIB)
     with mounted(store_path, tmp_path / "m") as mnt:
         (mnt / "f").write_bytes(data)
-    with Store.open(store_path) as s:
-        with s.open_reader(s.resolve("/f").ino) as r:
-            e = r.extents[len(r.extents) // 2]
-    with open(segment_path(store_path, e.loc.seg_id), "r+b") as seg:
-        at = e.loc.offset + 64 + e.length // 2
-        seg.seek(at)
-        old = seg.read(1)
-        seg.seek(at)
-        seg.write(bytes([old[0] ^ 0xFF]))
+    damaged, _length = damage_middle_chunk(store_path, "/f")
     with mounted(store_path, tmp_path / "m") as mnt:
         with open_read(mnt / "f", ranges=[(0, 4096), (len(data) - 4096, 4096)]) as f:
             f.seek(len(data) - 4096)
             assert f.read() == data[-4096:]
         with pytest.raises(OSError) as err:
-            open_read(mnt / "f", kept=True, ranges=[(e.offset + 10, 100)])
+            open_read(mnt / "f", kept=True, ranges=[(damaged + 10, 100)])
         assert err.value.errno == errno.EIO and "damaged" in str(err.value)
 
 

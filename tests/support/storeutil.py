@@ -55,3 +55,21 @@ def fill(dev: Path, leave: int = 0) -> Path:
 def free_bytes(dev: Path) -> int:
     st = os.statvfs(dev)
     return st.f_bavail * st.f_frsize
+
+
+def damage_middle_chunk(store_path: Path, path: str) -> tuple[int, int]:
+    """Flip one payload byte of the middle chunk of `path` in its segment file (the store
+    closed); returns that chunk's (file offset, length)."""
+    from cowfs.store.log.layout import segment_path
+
+    with Store.open(store_path) as s:
+        with s.open_reader(s.resolve(path).ino) as r:
+            e = r.extents[len(r.extents) // 2]
+    assert e.loc is not None
+    with open(segment_path(store_path, e.loc.seg_id), "r+b") as seg:
+        at = e.loc.offset + 64 + e.length // 2
+        seg.seek(at)
+        old = seg.read(1)
+        seg.seek(at)
+        seg.write(bytes([old[0] ^ 0xFF]))
+    return e.offset, e.length
