@@ -6,7 +6,8 @@ Packs are learnt two ways: by a look at the bucket (`learn_indexes`: `index/` li
 indexes read, packs whose index is gone forgotten), and from the indexes a notice carried
 (`add_indexes`). A catalog object is applied only once every chunk it names is in a known
 pack (`unresolved`), after a look at the bucket if not. When objects were applied without a
-look, one follows STALE_SECONDS later at the latest (`learn_if_stale`), so that packs a
+look, one follows once the first of them is STALE_SECONDS old (`learn_if_stale`, which the
+followers call every STALE_SECONDS or so), so that packs a
 remote gc deleted are forgotten and the chunk rows pointing at them are pointed elsewhere
 by the next object applied, as before.
 """
