@@ -58,3 +58,28 @@ def test_a_kept_get_asks_an_old_daemon_again_the_old_way(tmp_path: Path, monkeyp
         t.join()
     assert [(a["into"], a["descriptors"]) for a in asked] == [(True, 1), (False, 0)]
     assert memfds.free == 1 and memfds.owned == 100_000  # the kept memfd back, unused
+
+
+def test_ranges_asked_of_an_old_daemon_read_the_whole_file_it_sends(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(300_000)
+    (tmp_path / "f").write_bytes(data)
+    asked: list[dict] = []
+    threads: list[threading.Thread] = []
+
+    def connect(_fd: int) -> socket.socket:
+        mine, daemons = socket.socketpair()
+        threads.append(threading.Thread(target=_old_daemon, args=(daemons, data, asked)))
+        threads[-1].start()
+        return mine
+
+    monkeypatch.setattr(get_module, "daemon_socket", connect)
+    with get_module.open_read(tmp_path / "f", ranges=[(1000, 500), (200_000, 10)]) as f:
+        assert not isinstance(f, get_module._RangedBytes)  # no "ranges" in the reply: the whole file
+        f.seek(200_000)
+        assert f.read(10) == data[200_000:200_010]
+        f.seek(0)
+        assert f.read() == data
+    for t in threads:
+        t.join()
+    assert asked[0]["ranges"] == [[1000, 500], [200_000, 10]] and not asked[0]["into"]

@@ -176,3 +176,12 @@ def test_a_range_inside_a_hole_is_not_widened_into_it(store_path: Path, tmp_path
                 off, n = ranges[0]
                 f.seek(off)
                 assert f.read(n) == bytes(max(0, min(n, 64 * MIB - off))) + b"y" * max(0, off + n - 64 * MIB)
+
+
+def test_items_are_coalesced_into_ranges() -> None:
+    from cowfs.plugins.dcp_storage import RANGE_GAP, coalesced
+
+    g = RANGE_GAP
+    items = [(3 * g, 100), (0, 10), (3 * g + 50, 10), (4 * g + 100, 1), (9 * g, 0)]  # the 4th: RANGE_GAP after
+    assert coalesced(items) == [(0, 10), (3 * g, g + 101), (9 * g, 0)]
+    assert coalesced([]) == []
