@@ -25,6 +25,18 @@ POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in th
 QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
 
 
+def join_batch(wanted: dict[str, tuple[int, str]], carried: dict[str, Inline],
+               notice: tuple[str, int, str, Inline | None]) -> None:
+    """A notice (store, generation, key, what it carried) into a batch: the newest generation
+    of each store is wanted, with what its own notice carried (none if it carried nothing)."""
+    store, gen, key, inline = notice
+    if gen > wanted.get(store, (0, ""))[0]:
+        wanted[store] = (gen, key)
+        carried.pop(store, None)
+        if inline is not None:
+            carried[store] = inline
+
+
 async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[None]]) -> None:
     """Follow every store of `source`; `told` is given what each merged step changed (the
     kernel's caches, watch events: replica_changes.tell for a consumer's mount, the peer view
@@ -101,19 +113,15 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_bucket)
-            async for store, g, key, inline in recv:
-                wanted = {store: (g, key)}  # and every notice queued meanwhile: one batch
-                carried = {store: inline} if inline is not None else {}
+            async for first in recv:
+                wanted: dict[str, tuple[int, str]] = {}  # the notice and every one queued meanwhile: one batch
+                carried: dict[str, Inline] = {}
+                join_batch(wanted, carried, first)
                 while True:
                     try:
-                        s2, g2, k2, i2 = recv.receive_nowait()
+                        join_batch(wanted, carried, recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                    if g2 > wanted.get(s2, (0, ""))[0]:
-                        wanted[s2] = (g2, k2)
-                        carried.pop(s2, None)
-                        if i2 is not None:
-                            carried[s2] = i2
                 wanted = {s: gk for s, gk in wanted.items() if gk[0] > source.held(s)}
                 if not wanted:
                     continue

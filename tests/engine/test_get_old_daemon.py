@@ -37,10 +37,9 @@ def _old_daemon(conn: socket.socket, data: bytes, asked: list[dict]) -> None:
         os.close(memfd)
 
 
-def test_a_kept_get_asks_an_old_daemon_again_the_old_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = os.urandom(100_000)
-    (tmp_path / "f").write_bytes(data)
-    memfds = PartMemfds(keep=1 << 20)
+def _old_daemons(monkeypatch: pytest.MonkeyPatch, data: bytes) -> tuple[list[dict], list[threading.Thread]]:
+    """Every connection the client makes answered by an old daemon (a thread); what each was
+    asked, and the threads."""
     asked: list[dict] = []
     threads: list[threading.Thread] = []
 
@@ -51,6 +50,14 @@ def test_a_kept_get_asks_an_old_daemon_again_the_old_way(tmp_path: Path, monkeyp
         return mine
 
     monkeypatch.setattr(get_module, "daemon_socket", connect)
+    return asked, threads
+
+
+def test_a_kept_get_asks_an_old_daemon_again_the_old_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(100_000)
+    (tmp_path / "f").write_bytes(data)
+    memfds = PartMemfds(keep=1 << 20)
+    asked, threads = _old_daemons(monkeypatch, data)
     monkeypatch.setattr(get_module, "part_memfds", lambda: memfds)
     with get_module.open_read(tmp_path / "f", kept=True) as f:
         assert f.read() == data and fcntl.fcntl(f.fileno(), fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
@@ -64,16 +71,7 @@ def test_ranges_asked_of_an_old_daemon_read_the_whole_file_it_sends(tmp_path: Pa
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     data = os.urandom(300_000)
     (tmp_path / "f").write_bytes(data)
-    asked: list[dict] = []
-    threads: list[threading.Thread] = []
-
-    def connect(_fd: int) -> socket.socket:
-        mine, daemons = socket.socketpair()
-        threads.append(threading.Thread(target=_old_daemon, args=(daemons, data, asked)))
-        threads[-1].start()
-        return mine
-
-    monkeypatch.setattr(get_module, "daemon_socket", connect)
+    asked, threads = _old_daemons(monkeypatch, data)
     with get_module.open_read(tmp_path / "f", ranges=[(1000, 500), (200_000, 10)]) as f:
         assert not isinstance(f, get_module._RangedBytes)  # no "ranges" in the reply: the whole file
         f.seek(200_000)

@@ -67,3 +67,17 @@ def test_a_line_that_is_no_notice_is_refused():
         decode_notice(b'{"store": "x"}\n', KEY)
     with pytest.raises(ValueError):
         decode_notice(b"not json\n", KEY)
+
+
+def test_a_batch_takes_each_stores_newest_notice_with_what_that_one_carried():
+    from cowfs.fs.union_follow import join_batch
+
+    wanted: dict = {}
+    carried: dict = {}
+    a5, b3 = inline(10), inline(20)
+    for notice in [("a", 5, "k5", a5), ("b", 3, "j3", b3), ("a", 4, "k4", inline(30)), ("b", 4, "j4", None)]:
+        join_batch(wanted, carried, notice)
+    assert wanted == {"a": (5, "k5"), "b": (4, "j4")}
+    assert carried == {"a": a5}  # b's newest notice carried nothing: its older one's objects are not used
+    join_batch(wanted, carried, ("a", 6, "k6", None))
+    assert wanted["a"] == (6, "k6") and carried == {}

@@ -19,6 +19,7 @@ from cowfs.remote.packs import decode_index
 from cowfs.remote.s3 import Bucket
 from cowfs.remote.tier import tier_of
 from cowfs.store import Store
+from cowfs.remote.source import ReplicaSource
 from cowfs.remote.union_source import UnionSource
 from tests.support.remoteutil import one_store, put_file
 from tests.support.storeutil import assert_clean, data
@@ -192,6 +193,24 @@ def test_an_object_naming_a_pack_no_notice_told_of_is_applied_after_a_look(tmp_p
                 assert conn.execute("SELECT count(*) FROM chunks WHERE seg_id = 0").fetchone()[0] == 0
             finally:
                 conn.close()
+        finally:
+            src.close()
+    assert_clean(s1.root)
+
+
+def test_a_one_store_consumer_applies_what_a_notice_carried_without_requests(tmp_path, rgw, s3_bucket, monkeypatch):
+    s1, cfg = one_store(tmp_path, rgw, s3_bucket, "s1")
+    with s1:
+        put_file(s1, "a.bin", data(300_000, 31))
+        src = ReplicaSource(tmp_path / "cache", cfg, s1.config.store_uuid)
+        try:
+            src.fetch_catalog(*src.newest())
+            g, key, inline = put_told(s1, "b.bin", data(300_000, 32))
+            made = no_requests(monkeypatch)
+            fetched = src.fetch_catalog(g, key, inline=inline)
+            assert not made and fetched.generation == g and not fetched.new_file
+            assert {b"a.bin", b"b.bin"} <= live_names(fetched.path)
+            assert src.shared.stale_since is not None  # a look at the bucket is due
         finally:
             src.close()
     assert_clean(s1.root)

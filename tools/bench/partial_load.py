@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from .kept_memfds import _line
 from .mounting import cpu_seconds, drop_caches, init_store, mounted
 
 ARMS = ("cowfs.dcp.Reader, ranges", "cowfs.dcp.Reader, whole files", "FileSystemReader through the mount")
-
-
-def _line(name: str, values: list[float]) -> str:
-    return f"| {name} | {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}] |"
 
 
 def checkpoint(mib: int) -> tuple[dict[str, Any], dict[str, Any]]:
