@@ -19,6 +19,7 @@ import cowfs.dcp
 from cowfs.plugins import get as get_mod
 from cowfs.plugins.bulk import BulkRefused, daemon_socket, request
 from cowfs.plugins.get import open_read
+from cowfs.plugins.part_memfds import PartMemfds
 from tests.support.mountutil import mounted, new_store
 from tests.support.storeutil import damage_middle_chunk
 
@@ -110,7 +111,10 @@ def test_a_damaged_chunk_fails_only_the_ranges_that_hold_it(tmp_path: Path) -> N
         assert err.value.errno == errno.EIO and "damaged" in str(err.value)
 
 
-def test_a_kept_memfd_that_held_other_bytes_gives_zeros_for_holes(store_path: Path, tmp_path: Path) -> None:
+def test_a_kept_memfd_that_held_other_bytes_gives_zeros_for_holes(store_path: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = PartMemfds(keep=64 * MIB)  # its own: memfds kept by earlier tests would fit better
+    monkeypatch.setattr(get_mod, "part_memfds", lambda: pool)
     with mounted(store_path, tmp_path / "m") as mnt:
         (mnt / "ones").write_bytes(b"\xff" * (4 * MIB))
         with open(mnt / "sparse", "wb") as f:  # a hole first, then bytes, then a hole
