@@ -14,6 +14,12 @@ damaged chunk fails the whole get with EIO and is logged as a read's would be.
 With `"ranges": [[OFFSET, LENGTH], ...]` (sorted, apart) only those bytes are read: each
 range is widened to the whole chunks it touches, and the widened ranges lie back to back in
 the memfd; the reply's `ranges` says which they are (a range past the end is cut there).
+
+The reply's `gen` is the generation whose version was read. A client that reads a file in
+several gets (windows of a large file, bytes outside its ranges) sends it back as `"gen": G`
+with each later one, so every get reads that same version even if a writer committed a new
+one in between (every version stays in the catalog until `cowfs prune` or `expire` drops
+it: then ESTALE).
 """
 from __future__ import annotations
 
@@ -26,11 +32,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .. import _native
-from ..errors import CorruptData, CowfsError
+from ..errors import CorruptData, CowfsError, NotFound
 from .bulk_target import target_file
 
 if TYPE_CHECKING:
+    from ..store.catalog.namespace import Attr
     from ..store.data.reader import FileReader
+    from .views import View
     from .operations import CowfsOperations
 
 MAX_RANGES = 256  # ranges one get may name (its request is one line of at most 4096 bytes: bulk_messages.py)
@@ -65,6 +73,35 @@ def _ranges(header: dict[str, Any]) -> list[tuple[int, int]] | None:
             raise bad
         out.append((pair[0], pair[0] + pair[1]))
     return out
+
+
+def _generation(header: dict[str, Any], view: "View") -> int | None:
+    """The get's `gen` (None: the version an open gets now). EINVAL if malformed, or if it is
+    not the snapshot's own generation where the file is a snapshot's."""
+    gen = header.get("gen")
+    if gen is None:
+        return None
+    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
+        raise CowfsError('malformed get: "gen" is the generation an earlier get of the file answered',
+                         errno=errno.EINVAL)
+    if view.gen is not None and gen != view.gen:
+        raise CowfsError(f"generation {gen} asked of a snapshot's file, which is at generation {view.gen}",
+                         errno=errno.EINVAL)
+    return gen
+
+
+def _pinned(ops: "CowfsOperations", view: "View", ino: int, gen: int | None) -> "tuple[FileReader, Attr, int]":
+    """(worker thread) committed_version at `gen`: a generation the store has not reached is
+    EINVAL, a version dropped since is ESTALE."""
+    if gen is not None and gen > ops.store_of(view).generation:
+        raise CowfsError(f"generation {gen} is past this store's newest", errno=errno.EINVAL)
+    try:
+        return ops.committed_version(view, ino, gen)
+    except NotFound:
+        if gen is None:
+            raise
+        raise CowfsError(f"the version the file had at generation {gen} is gone (pruned or expired since): "
+                         "open and read it again", errno=errno.ESTALE) from None
 
 
 def _fill_memfd(reader: "FileReader", ranges: list[tuple[int, int]]) -> int:
@@ -149,8 +186,9 @@ async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
         raise CowfsError(f"a get sends no descriptor (it names the file open for reading through the mount by its "
                          f"number: {{\"fd\": N}}), not {len(fds)}", errno=errno.EINVAL)
     view, ino, _fuse_ino = await target_file(ops, conn, header, writing=False)
+    gen = _generation(header, view)
     try:
-        reader, attr = await trio.to_thread.run_sync(ops.committed_version, view, ino)
+        reader, attr, gen = await trio.to_thread.run_sync(_pinned, ops, view, ino, gen)
         try:
             ranges = [(0, reader.size)] if asked is None else reader.widen(asked)
             need = sum(hi - lo for lo, hi in ranges)
@@ -168,7 +206,7 @@ async def get(ops: "CowfsOperations", header: dict[str, Any], fds: list[int],
     except CorruptData as e:
         ops.corrupt_log.report(view, ino, e, "get")
         raise CowfsError(f"damaged data: {e}", errno=errno.EIO) from None
-    result: dict[str, Any] = {"size": attr.size, "vid": attr.vid}
+    result: dict[str, Any] = {"size": attr.size, "vid": attr.vid, "gen": gen}
     if asked is not None:
         result.update(ranges=[[lo, hi - lo] for lo, hi in ranges], filled=need)
     return result, [] if into else [memfd]

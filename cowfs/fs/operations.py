@@ -296,7 +296,7 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         # that cache and reads the committed version from the log.
         pending = view.live and self.handles.session(ino) is not None
         try:
-            reader, attr = await in_thread(self.committed_version, view, ino)
+            reader, attr, _gen = await in_thread(self.committed_version, view, ino)
         except CorruptData as e:
             self.corrupt_log.report(view, ino, e, "open")
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -312,20 +312,20 @@ class CowfsOperations(XattrOperations, pyfuse3.Operations):
         """(view, inode) of a FUSE inode a client's descriptor names (KeyError: unknown)."""
         return self.views.decode(fuse_ino)
 
-    def committed_version(self, view: View, ino: int) -> tuple[FileReader, Attr]:
-        """A reader on the version an open gets, and its attributes (in a worker thread). A live
-        inode that a rename or an unlink removed after the kernel looked it up (its dentry still
-        names it for a moment) opens as on any POSIX file system: with the version it had."""
+    def committed_version(self, view: View, ino: int, gen: int | None = None) -> tuple[FileReader, Attr, int]:
+        """A reader on the version an open gets (or the one visible at `gen`), its attributes and
+        that generation (in a worker thread). A live inode that a rename or an unlink removed after
+        the kernel looked it up (its dentry still names it) opens with the version it had."""
         store = self.store_of(view)
-        gen = view.gen if view.gen is not None else store.generation
+        at = gen if gen is not None else view.gen if view.gen is not None else store.generation
         try:
-            attr = store.getattr(ino, gen)
+            attr = store.getattr(ino, at)
         except NotFound:
-            if not view.live:
+            if not view.live or gen is not None:
                 raise
-            gen = self._gen_before_removal(ino)
-            attr = store.getattr(ino, gen)
-        return store.open_reader(ino, gen), attr
+            at = self._gen_before_removal(ino)
+            attr = store.getattr(ino, at)
+        return store.open_reader(ino, at), attr, at
 
     def _gen_before_removal(self, ino: int) -> int:
         """The last generation at which a removed live inode still had a version."""

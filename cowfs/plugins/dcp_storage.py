@@ -14,6 +14,7 @@ optimizer's state too, or a rank of a resharded load, moves what it uses.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from contextlib import contextmanager
@@ -126,13 +127,18 @@ class Reader(FileSystemReader):
         self.fs = CowfsFileSystem()
 
     def read_data(self, plan: Any, planner: Any) -> Any:
+        """FileSystemReader's, with each file's items read in the order they lie in it (the
+        plan's order jumps about the file; a file got in windows would get one again for each
+        jump back) and `wanted` set for the gets."""
         wanted: dict[str, list[tuple[int, int]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
             path = os.fspath(self.fs.concat_path(self.path, info.relative_path))
             wanted.setdefault(path, []).append((int(info.offset), int(info.length)))
         self.fs.wanted = wanted
+        in_place = sorted(plan.items, key=lambda item: (self.storage_data[item.storage_index].relative_path,
+                                                        self.storage_data[item.storage_index].offset))
         try:
-            return super().read_data(plan, planner)
+            return super().read_data(dataclasses.replace(plan, items=in_place), planner)
         finally:
             self.fs.wanted = {}

@@ -1,6 +1,6 @@
 """Gets of ranges (issue 34; cowfs/fs/get_op.py, cowfs/plugins/get.py): only the bytes of the
 ranges asked for, widened to whole chunks, read and checked; the file object reads in the
-file's offsets, outside the ranges through the mount; malformed ranges get EINVAL; a damaged
+file's offsets, outside the ranges got on their own; malformed ranges get EINVAL; a damaged
 chunk outside the ranges does not fail them; `cowfs.dcp.Reader` gets only the items a plan
 reads. And a get into a kept memfd that held other bytes gives zeros for a file's holes."""
 from __future__ import annotations
@@ -50,13 +50,13 @@ def test_a_ranged_get_reads_as_the_file_does(store_path: Path, tmp_path: Path, k
             ranges = sorted(ranges)
             ranges = [r for i, r in enumerate(ranges) if i == 0 or r[0] >= sum(ranges[i - 1])]
             with open_read(mnt / "f", kept=kept, ranges=ranges) as f:
-                assert isinstance(f, get_mod._RangedBytes)
-                held = sum(n for _o, _n, n in [(o, a, n) for o, n, a in f._ranges])
+                assert isinstance(f, get_mod._WindowedBytes) and f._held[0] is not None
+                held = sum(n for _o, n, _at in f._held[0].ranges)
                 assert held < len(content)  # not the whole file
                 for off, n in ranges:
                     f.seek(off)
                     assert f.read(n) == content[off:off + n]
-                    buf = bytearray(n + 7)  # across the range's end: the rest through the mount
+                    buf = bytearray(n + 7)  # across the range's end: the rest got on its own
                     f.seek(off)
                     assert f.readinto(buf) == min(n + 7, len(content) - off)
                     assert bytes(buf[:min(n + 7, len(content) - off)]) == content[off:off + n + 7]
@@ -140,9 +140,9 @@ def test_a_model_only_dcp_load_gets_the_models_items_only(store_path: Path, tmp_
     asked: list[tuple[str, Any, int]] = []
     real_get = get_mod._get
 
-    def noting(sock, fd, what, kept, ranges):  # type: ignore[no-untyped-def]
-        got = real_get(sock, fd, what, kept, ranges)
-        held = sum(n for _o, n, _a in got._ranges) if isinstance(got, get_mod._RangedBytes) else os.fstat(fd).st_size
+    def noting(sock, fd, what, kept, ranges, gen):  # type: ignore[no-untyped-def]
+        got = real_get(sock, fd, what, kept, ranges, gen)
+        held = sum(n for _o, n in got.ranges) if got.ranges is not None else os.fstat(fd).st_size
         asked.append((os.path.basename(what), ranges, held))
         return got
 
@@ -175,8 +175,8 @@ def test_a_range_inside_a_hole_is_not_widened_into_it(store_path: Path, tmp_path
             f.read()
         for ranges in ([(10 * MIB, 100)], [(64 * MIB - 50, 100)]):
             with open_read(mnt / "sparse", kept=True, ranges=ranges) as f:
-                held = sum(n for _o, n, _a in f._ranges)
-                assert held < MIB, f._ranges  # the hole's part asked for (and the chunk after), not the hole
+                held = sum(n for _o, n, _a in f._held[0].ranges)
+                assert held < MIB, f._held[0].ranges  # the hole's part asked for (and the chunk after), not the hole
                 off, n = ranges[0]
                 f.seek(off)
                 assert f.read(n) == bytes(max(0, min(n, 64 * MIB - off))) + b"y" * max(0, off + n - 64 * MIB)

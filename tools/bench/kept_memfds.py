@@ -60,6 +60,18 @@ def _line(name: str, values: list[float]) -> str:
     return f"| {name} | {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}] |"
 
 
+def print_table(title: str, prefix: str, where: Path, rows_of: Callable[[Path], list[str]]) -> None:
+    """`rows_of` run in a new work directory under `where` (removed afterwards), its `_line`
+    rows printed under `title` as a markdown table."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    try:
+        rows = rows_of(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{title}\n\n| measure | median [min-max] |\n| --- | --- |")
+    print("\n".join(rows))
+
+
 def saves(state: Any, work: Path, reps: int) -> list[str]:
     kept = os.memfd_create("kept")
     _save_into(kept, state)  # its pages made once
@@ -135,13 +147,8 @@ def main() -> None:
     import torch
 
     state = {f"t{i}": torch.randn(args.mib << 14) for i in range(16)}  # 16 tensors, MIB in all
-    work = Path(tempfile.mkdtemp(prefix="cowfs-bench-kept-", dir=args.dir))
-    try:
-        rows = saves(state, work, args.reps) + dcp_loads(state, work, args.reps)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.mib} MiB, {args.reps} reps per arm, alternating\n\n| measure | median [min-max] |\n| --- | --- |")
-    print("\n".join(rows))
+    print_table(f"{args.mib} MiB, {args.reps} reps per arm, alternating", "cowfs-bench-kept-", args.dir,
+                lambda work: saves(state, work, args.reps) + dcp_loads(state, work, args.reps))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ cowfs/ never imports it.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from .kept_memfds import _line
+from .kept_memfds import _line, print_table
 from .mounting import cpu_seconds, drop_caches, init_store, mounted
 
 ARMS = ("cowfs.dcp.Reader, ranges", "cowfs.dcp.Reader, whole files", "FileSystemReader through the mount")
@@ -80,14 +78,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
     args = parser.parse_args()
     model, optim = checkpoint(args.mib)
-    work = Path(tempfile.mkdtemp(prefix="cowfs-bench-partial-", dir=args.dir))
-    try:
-        rows = loads(model, optim, work, args.reps)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.mib} MiB of weights in a {3 * args.mib} MiB checkpoint, {args.reps} reps per arm, alternating\n\n"
-          "| measure | median [min-max] |\n| --- | --- |")
-    print("\n".join(rows))
+    print_table(f"{args.mib} MiB of weights in a {3 * args.mib} MiB checkpoint, {args.reps} reps per arm, alternating",
+                "cowfs-bench-partial-", args.dir, lambda work: loads(model, optim, work, args.reps))
 
 
 if __name__ == "__main__":
