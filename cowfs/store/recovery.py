@@ -13,14 +13,43 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..errors import CorruptData
+from ..errors import CorruptData, StoreError
 from .catalog.db import Catalog
 from .log.evicted import MAP_SUFFIX, RESTORE_SUFFIX, evicted_ids, map_path, read_map
-from .log.layout import SEGMENTS_DIR, fsync_dir, segment_path
+from .log.layout import CATALOG_FILE, CONFIG_FILE, SEGMENTS_DIR, fsync_dir, segment_path
 from .log.log import Log
-from .log.records import DATA_START
+from .log.records import DATA_START, RecordError, decode_segment_header
 
 SPILL_DIR = "tmp"
+
+
+def check_ownership(root: Path, catalog: Catalog, store_uuid: str) -> None:
+    """Before recovery cuts or deletes anything (it deletes segment files the catalog does not
+    know and cuts the others to their committed end): the catalog must be this store's (its
+    meta `store_uuid` the one in cowfs-store.json), and every segment file whose header is
+    whole (magic and CRC) must name this store and the number in its file name. A file of
+    another store, or one renamed, raises StoreError and nothing is changed. A header that is
+    not whole is let be: a crash can leave a new segment's header unwritten (recovery deletes
+    such a file, which no commit names), and bit rot in one is fsck's to report (every
+    record is checked when it is read)."""
+    row = catalog.read(lambda c: c.execute("SELECT value FROM meta WHERE key='store_uuid'").fetchone())
+    if row is None or str(row[0]) != store_uuid:
+        raise StoreError(f"{root / CATALOG_FILE} is the catalog of store {row[0] if row else '(none)'}, and "
+                         f"{root / CONFIG_FILE} names store {store_uuid}: put back this store's own catalog "
+                         "(nothing was changed)")
+    for path in sorted((root / SEGMENTS_DIR).glob("*.seg")):
+        try:
+            seg_id = int(path.stem)
+            with open(path, "rb") as f:
+                header = decode_segment_header(f.read(64))
+        except (ValueError, OSError, RecordError):
+            continue
+        if header.store_uuid != store_uuid:
+            raise StoreError(f"{path} is a segment of store {header.store_uuid}, not of this store ({store_uuid}): "
+                             "move it back to its own store (nothing was changed)")
+        if header.seg_id != seg_id:
+            raise StoreError(f"{path} is segment {header.seg_id} of this store under another number: give it back "
+                             f"its name, {segment_path(root, header.seg_id).name} (nothing was changed)")
 
 
 def recover(root: Path, catalog: Catalog, device: str) -> int:

@@ -50,7 +50,7 @@ from .log.layout import (
     write_config,
 )
 from .log.log import LOCATION_COLS, Location, Log, check_chunk, location
-from .recovery import SPILL_DIR, recover
+from .recovery import SPILL_DIR, check_ownership, recover
 from .tree import TreeChanges
 from .upkeep.diff import DiffReport, compare
 from .upkeep.fsck import FsckReport, check
@@ -69,6 +69,7 @@ class Store(TreeChanges):
                  pack_reader: Callable[[Path], PackReader] | None = None) -> None:
         catalog = Catalog(root / CATALOG_FILE)
         try:
+            check_ownership(root, catalog, config.store_uuid)
             recovered = recover(root, catalog, config.device)
         except BaseException:
             catalog.close()

@@ -12,9 +12,11 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,6 +24,7 @@ from typing import Callable, Iterator
 import pytest
 
 from cowfs.store.log.layout import CONFIG_FILE, FORMAT_VERSION
+from cowfs.store.log.records import decode_segment_header, encode_segment_header
 from tests.support.mountutil import mounted
 from tests.support.run_as_nobody import NOBODY_UID, NOGROUP_GID, cowfs_command_as_nobody
 from tests.support.storeutil import assert_clean, data, store_with_history
@@ -202,9 +205,29 @@ def catalog_read_only(template: Path, p: Path) -> tuple[bool, str]:
     return True, "permission denied"
 
 
+def segment_of_another_store(template: Path, p: Path) -> tuple[bool, str]:
+    """One segment file's header names another store (moved in from it)."""
+    _copy(template, p)
+    seg = sorted((p / "segments").glob("*.seg"))[0]
+    with open(seg, "r+b") as f:
+        old = decode_segment_header(f.read(64))
+        f.seek(0)
+        f.write(encode_segment_header(old.seg_id, str(uuid.uuid4()), old.created_ns, old.version))
+    return False, "a segment of store"
+
+
+def catalog_of_another_store(template: Path, p: Path) -> tuple[bool, str]:
+    _copy(template, p)
+    with sqlite3.connect(p / "catalog.db") as conn:
+        conn.execute("UPDATE meta SET value=? WHERE key='store_uuid'", (str(uuid.uuid4()),))
+    conn.close()
+    return False, "is the catalog of store"
+
+
 CONDITIONS: list[Callable[[Path, Path], tuple[bool, str]]] = [
     missing, a_file, empty_dir, random_files, garbage_config, config_missing_keys, config_of_something_else,
     newer_format, garbage_catalog, no_catalog, no_segments_dir, unreadable, read_only, catalog_read_only,
+    segment_of_another_store, catalog_of_another_store,
 ]
 
 # {T}: the bad store (as TARGET, STORE or MOUNTPOINT); {M}: an empty directory to mount on

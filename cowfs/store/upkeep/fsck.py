@@ -157,7 +157,10 @@ def _scan(store: "Checking", conn: sqlite3.Connection, report: FsckReport, progr
         image = seg.image()
         try:
             try:
-                decode_segment_header(bytes(image[:64]))
+                header = decode_segment_header(bytes(image[:64]))
+                if (header.seg_id, header.store_uuid) != (seg_id, store.config.store_uuid):
+                    report.problems.append(Problem("segment", f"segment {seg_id}: its header names segment "
+                                                   f"{header.seg_id} of store {header.store_uuid}"))
             except RecordError as e:
                 report.problems.append(Problem("segment", f"segment {seg_id}: {e}"))
             records = {r.offset: r for r in scan_records(image, DATA_START)}
