@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -66,6 +67,7 @@ class _PutStream(io.BufferedWriter):
 
 RANGES_BELOW = 0.75  # a file's items got as ranges when they take less than this share of it
 RANGE_GAP = 1 << 20  # items closer than this are got as one range
+GET_AHEAD = True  # the next file of a load got while one is read (False: each when it is opened)
 
 
 def coalesced(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -83,11 +85,45 @@ def coalesced(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 class CowfsFileSystem(FileSystem):
     """DCP's FileSystem with files written by puts and read by gets; `wanted` (set by Reader
-    for one read_data): path -> the (offset, length) items the plan reads of it."""
+    for one read_data): path -> the (offset, length) items the plan reads of it. While one
+    file of `wanted` is read, the next one (Reader reads them in the order of their paths)
+    is got in the background."""
 
     def __init__(self) -> None:
         super().__init__()
         self.wanted: dict[str, list[tuple[int, int]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: tuple[str, Future] | None = None  # the next file of `wanted`, being got
+
+    def _open_read(self, path: str) -> Any:
+        ranges = coalesced(self.wanted.get(path, []))
+        if ranges and sum(n for _o, n in ranges) >= RANGES_BELOW * os.stat(path).st_size:
+            ranges = []  # most of the file: got whole
+        return open_read(path, kept=True, ranges=ranges or None)  # DCP copies what it reads, then closes
+
+    def _opened(self, path: str) -> Any:
+        """`path` open for reading: got ahead, or now; the file after it then got ahead."""
+        if self._ahead is not None and self._ahead[0] == path:
+            future, self._ahead = self._ahead[1], None
+            f = future.result()
+        else:
+            self.drop_ahead()
+            f = self._open_read(path)
+        later = sorted(p for p in self.wanted if p > path)
+        if later and GET_AHEAD:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="cowfs-dcp-ahead")
+            self._ahead = (later[0], self._pool.submit(self._open_read, later[0]))
+        return f
+
+    def drop_ahead(self) -> None:
+        """A file got ahead that is not read: closed (its memfd back; an error it met unsaid)."""
+        if self._ahead is not None:
+            future, self._ahead = self._ahead[1], None
+            try:
+                future.result().close()
+            except Exception:
+                pass
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
@@ -100,10 +136,7 @@ class CowfsFileSystem(FileSystem):
                 raise
             stream.close()
         elif mode == "rb":
-            ranges = coalesced(self.wanted.get(os.fspath(path), []))
-            if ranges and sum(n for _o, n in ranges) >= RANGES_BELOW * os.stat(path).st_size:
-                ranges = []  # most of the file: got whole
-            with open_read(path, kept=True, ranges=ranges or None) as f:  # DCP copies what it reads, then closes
+            with self._opened(os.fspath(path)) as f:
                 yield f
         else:
             with super().create_stream(path, mode) as f:
@@ -141,4 +174,5 @@ class Reader(FileSystemReader):
         try:
             return super().read_data(dataclasses.replace(plan, items=in_place), planner)
         finally:
+            self.fs.drop_ahead()
             self.fs.wanted = {}

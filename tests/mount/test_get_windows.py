@@ -4,12 +4,14 @@ every get after the first asks for the generation the first one read, so all of 
 one version while a writer commits another; `gen` that is malformed, past the store's newest
 or not a snapshot's own is EINVAL, a version that did not exist at it ESTALE; a window the
 daemon has no memory for is read through the mount; a reply of another version fails the
-read with ESTALE. WINDOW is made a few MiB here."""
+read with ESTALE; a DCP load of several files gets each once, the next one ahead. WINDOW is
+made a few MiB here."""
 from __future__ import annotations
 
 import errno
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cowfs.dcp
+import cowfs.plugins.dcp_storage
 from cowfs.plugins import get as get_mod
 from cowfs.plugins.bulk import BulkRefused, daemon_socket, request
 from cowfs.plugins.get import open_read
@@ -224,3 +227,37 @@ def test_windows_tile_the_ranges(raw: list[tuple[int, int]], window: int, most: 
     covered = {b for o, n in flat for b in range(o, o + n)}
     assert covered == {b for o, n in ranges for b in range(o, o + n)}
     assert all(sum(n for _o, n in w) == window or len(w) == most for w in windows[:-1])  # filled in order
+
+
+def test_a_dcp_load_of_several_files_gets_each_once_the_next_ahead(store_path: Path, tmp_path: Path,
+                                                                    gets: list[tuple[Any, int]],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(6)
+    state = {f"w{i:02d}": torch.randn(256, 1024) for i in range(12)}  # 1 MiB each, in 4 files
+    opened: list[str] = []
+    threads: list[str] = []
+    real_open = get_mod.open_read
+
+    def noting(path, kept=False, ranges=None):  # type: ignore[no-untyped-def]
+        if str(path).endswith(".distcp"):
+            opened.append(os.path.basename(path))
+            threads.append(threading.current_thread().name)
+        return real_open(path, kept, ranges)
+
+    monkeypatch.setattr(cowfs.plugins.dcp_storage, "open_read", noting)
+    with mounted(store_path, tmp_path / "m") as mnt:
+        dcp.save(state, storage_writer=cowfs.dcp.Writer(mnt / "ckpt", thread_count=4), no_dist=True)
+        files = sorted(p.name for p in (mnt / "ckpt").glob("*.distcp"))
+        assert len(files) == 4
+        reader = cowfs.dcp.Reader(mnt / "ckpt")
+        back = {k: torch.zeros_like(v) for k, v in state.items()}
+        opened.clear()
+        dcp.load(back, storage_reader=reader, no_dist=True)
+        assert all(torch.equal(back[k], v) for k, v in state.items())
+        assert opened == files and reader.fs._ahead is None  # each once, in order; none left got ahead
+        assert threads[0] == "MainThread" and all(t.startswith("cowfs-dcp-ahead") for t in threads[1:]), threads
+        model_only = {k: torch.zeros_like(v) for k, v in state.items() if k < "w03"}
+        opened.clear()
+        dcp.load(model_only, storage_reader=reader, no_dist=True)  # the files that hold these only
+        assert all(torch.equal(model_only[k], state[k]) for k in model_only)
+        assert len(opened) == len(set(opened)) < 4 and reader.fs._ahead is None
