@@ -14,6 +14,7 @@ optimizer's state too, or a rank of a resharded load, moves what it uses.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import io
 import os
@@ -85,15 +86,30 @@ def coalesced(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 class CowfsFileSystem(FileSystem):
     """DCP's FileSystem with files written by puts and read by gets; `wanted` (set by Reader
-    for one read_data): path -> the (offset, length) items the plan reads of it. While one
-    file of `wanted` is read, the next one (Reader reads them in the order of their paths)
-    is got in the background."""
+    for one read_data, `reading`): path -> the (offset, length) items the plan reads of it.
+    While one file of `wanted` is read, the next one (Reader reads them in the order of their
+    paths) is got in the background."""
 
     def __init__(self) -> None:
         super().__init__()
         self.wanted: dict[str, list[tuple[int, int]]] = {}
+        self._order: list[str] = []  # the paths of `wanted`, sorted
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[str, Future] | None = None  # the next file of `wanted`, being got
+
+    @contextmanager
+    def reading(self, wanted: dict[str, list[tuple[int, int]]]) -> Iterator[None]:
+        """`wanted` for one read_data; afterwards a file got ahead and not read is closed, and
+        the thread that got it ends (a process may make a Reader per load)."""
+        self.wanted, self._order = wanted, sorted(wanted)
+        try:
+            yield
+        finally:
+            self.drop_ahead()
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+            self.wanted, self._order = {}, []
 
     def _open_read(self, path: str) -> Any:
         ranges = coalesced(self.wanted.get(path, []))
@@ -109,11 +125,11 @@ class CowfsFileSystem(FileSystem):
         else:
             self.drop_ahead()
             f = self._open_read(path)
-        later = sorted(p for p in self.wanted if p > path)
-        if later and GET_AHEAD:
+        at = bisect.bisect_right(self._order, path)
+        if at < len(self._order) and GET_AHEAD:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="cowfs-dcp-ahead")
-            self._ahead = (later[0], self._pool.submit(self._open_read, later[0]))
+            self._ahead = (self._order[at], self._pool.submit(self._open_read, self._order[at]))
         return f
 
     def drop_ahead(self) -> None:
@@ -168,11 +184,7 @@ class Reader(FileSystemReader):
             info = self.storage_data[item.storage_index]
             path = os.fspath(self.fs.concat_path(self.path, info.relative_path))
             wanted.setdefault(path, []).append((int(info.offset), int(info.length)))
-        self.fs.wanted = wanted
         in_place = sorted(plan.items, key=lambda item: (self.storage_data[item.storage_index].relative_path,
                                                         self.storage_data[item.storage_index].offset))
-        try:
+        with self.fs.reading(wanted):
             return super().read_data(dataclasses.replace(plan, items=in_place), planner)
-        finally:
-            self.fs.drop_ahead()
-            self.fs.wanted = {}

@@ -261,3 +261,6 @@ def test_a_dcp_load_of_several_files_gets_each_once_the_next_ahead(store_path: P
         dcp.load(model_only, storage_reader=reader, no_dist=True)  # the files that hold these only
         assert all(torch.equal(model_only[k], state[k]) for k in model_only)
         assert len(opened) == len(set(opened)) < 4 and reader.fs._ahead is None
+        for _ in range(3):  # a Reader per load, as an evaluation loop makes: no get-ahead thread stays
+            dcp.load(back, storage_reader=cowfs.dcp.Reader(mnt / "ckpt"), no_dist=True)
+        assert not [t for t in threading.enumerate() if t.name.startswith("cowfs-dcp-ahead")]
