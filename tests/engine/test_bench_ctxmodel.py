@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from tools.bench.ctxmodel import TABLE_BITS, cond_bits, delta_bits, fields, layout
+from tools.bench.ctxmodel import TABLE_BITS, adaptive_bits, cond_bits, delta_bits, fields, layout
 
 
 def test_cond_bits_is_the_entropy_per_context_plus_the_tables():
@@ -49,3 +49,41 @@ def test_layout_takes_the_smallest_allowed_and_keyframes_use_no_newer_version():
     # the same bytes stored with a newer piece cost nothing (global dedup)
     costs = {"pieces": [[dict(row, dup=True)], [dict(row)]]}
     assert layout(costs, 0, context=True)["c"] == 20
+
+
+def _kt_sequential(sym: np.ndarray, ctx: np.ndarray) -> float:
+    """An adaptive coder's bits, coded one symbol at a time: counts start at 1/2 for each
+    symbol of the alphabet (the symbols the data holds) in every context."""
+    alphabet = sorted(set(sym.tolist()))
+    counts: dict[int, dict[int, float]] = {}
+    bits = 0.0
+    for s, c in zip(sym.tolist(), ctx.tolist()):
+        table = counts.setdefault(c, {a: 0.5 for a in alphabet})
+        bits -= math.log2(table[s] / sum(table.values()))
+        table[s] += 1
+    return bits
+
+
+def test_adaptive_bits_are_what_a_sequential_adaptive_coder_pays():
+    # two symbols coded in order: 1/2 for the first, 1/4 for the second: 3 bits, and the
+    # alphabet named by one bit per possible symbol (2)
+    assert math.isclose(adaptive_bits(np.array([0, 1])), 3 + 2)
+    assert math.isclose(adaptive_bits(np.array([0, 0, 0, 0])), 0 + 1)  # one symbol: nothing to code
+    rng = np.random.default_rng(7)
+    sym = rng.choice([0, 1, 3, 6], 400, p=[0.6, 0.2, 0.15, 0.05])
+    ctx = rng.integers(0, 3, 400)
+    max_symbol = 7  # the alphabet named by one bit per possible symbol, 0 to 6
+    assert math.isclose(adaptive_bits(sym, ctx), _kt_sequential(sym, ctx) + max_symbol, rel_tol=1e-9)
+    # with one context, the adaptive price of skewed data is near its entropy, and below a
+    # static table's (which pays TABLE_BITS per cell)
+    assert adaptive_bits(sym) < cond_bits(sym)
+
+
+def test_the_adaptive_layout_takes_the_adaptive_price_where_it_is_smaller():
+    row = {"category": "c", "logical": 100, "engine whole": 60, "engine delta": None, "whole order 0": 55,
+           "whole order 0 adaptive": 50, "whole given newer": 40, "whole given newer adaptive": 45}
+    costs = {"pieces": [[dict(row)], [dict(row)]]}
+    assert layout(costs, 0, context=True)["c"] == 2 * 40
+    assert layout(costs, 0, context=True, adaptive=True)["c"] == 2 * 40
+    assert layout(costs, 2, context=True)["c"] == 40 + 55  # version 1 a keyframe
+    assert layout(costs, 2, context=True, adaptive=True)["c"] == 40 + 50

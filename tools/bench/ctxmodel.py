@@ -20,7 +20,15 @@ newest is priced:
     whole given newer  sign+exponent | sign+exponent of the same element one version newer;
     delta given newer  d = x - newer as integers of the element size, zigzag; its bit length
                        | (newer's exponent, the bit length of the element before), then
-                       the bits below the leading one as they are.
+                       the bits below the leading one as they are;
+    whole given m      for exp_avg_sq: sign+exponent | the exponent of exp_avg (the bound
+                       read the other way); priced per piece only: a layout cannot code m
+                       given v and v given m at once, and the layouts below use m given v.
+  Each model is priced twice: with static tables (above), and "adaptive", as an adaptive
+  coder pays: counts that start at 1/2 per symbol of the piece's alphabet and grow as it
+  codes (the Krichevsky-Trofimov estimator, whose code length per context is a ratio of
+  Gamma functions, so it is exact without coding anything), no table stored, the alphabet
+  named by one bit per possible symbol.
 Layout (the rule of tools/bench/schemes.py's `reverse`): the engine's reverse chain with a keyframe every K
 (a keyframe may use the order-0 and `given v` models, never a newer version); the newest is
 stored raw, as the compactor keeps it. A piece's cost is the smallest model allowed at its
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +59,9 @@ from .pieces import Piece, Version, base_index, duplicates, load_series
 TABLE_BITS = 24  # a used (context, symbol) cell of a static table: the symbol and a 12-bit frequency, sparse
 FLOAT_DTYPES = {"BF16": (2, 8, 7, 0), "F16": (2, 5, 7, 3), "F32": (4, 8, 7, 16)}  # bytes, exp bits, modelled mantissa, raw bits
 ID_BYTES = 32  # a delta names its base
-MODELS = ("engine", "whole order 0", "whole given v", "whole given newer", "delta given newer")
+PRICED = ("engine whole", "engine delta", "whole order 0", "whole given v", "whole given m", "whole given newer",
+          "delta given newer")  # each context model also as "... adaptive"
+_LGAMMA = np.frompyfunc(math.lgamma, 1, 1)
 
 
 def ints(buf: memoryview, size: int) -> np.ndarray:
@@ -79,13 +90,34 @@ def cond_bits(sym: np.ndarray, ctx: np.ndarray | None = None) -> float:
     return float(bits) + int((cells > 0).sum()) * TABLE_BITS
 
 
-def whole_bits(x: np.ndarray, dtype: str, ctx_se: np.ndarray | None) -> float:
+def adaptive_bits(sym: np.ndarray, ctx: np.ndarray | None = None) -> float:
+    """Bits an adaptive coder pays for `sym`, counts per context value starting at 1/2 for
+    each symbol of the piece's alphabet (Krichevsky-Trofimov): per context with counts n_s
+    (n in all, k symbols), log2 of Gamma(n + k/2) Gamma(1/2)^k / (Gamma(k/2) prod Gamma(n_s + 1/2)),
+    which does not depend on the order; plus one bit per possible symbol to name the alphabet."""
+    k = int(sym.max()) + 1
+    cells = np.bincount(sym if ctx is None else ctx * k + sym)
+    cells = np.pad(cells, (0, -cells.size % k)).reshape(-1, k)
+    cells = cells[cells.sum(1) > 0][:, cells.sum(0) > 0].astype(np.float64)
+    alphabet = cells.shape[1]
+
+    def lg(a: np.ndarray | float) -> float:
+        return float(np.asarray(_LGAMMA(np.asarray(a, dtype=np.float64)), dtype=np.float64).sum())
+
+    n = cells.sum(1)
+    nats = (lg(n + alphabet / 2) - len(n) * math.lgamma(alphabet / 2)
+            - lg(cells + 0.5) + cells.size * math.lgamma(0.5))
+    return nats / math.log(2) + k
+
+
+def whole_bits(x: np.ndarray, dtype: str, ctx_se: np.ndarray | None, adaptive: bool = False) -> float:
     se, top, e = fields(x, dtype)
     raw = FLOAT_DTYPES[dtype][3] * x.size
-    return cond_bits(se, ctx_se) + cond_bits(top, e) + raw
+    bits = adaptive_bits if adaptive else cond_bits
+    return bits(se, ctx_se) + bits(top, e) + raw
 
 
-def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str) -> float:
+def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str, adaptive: bool = False) -> float:
     """d = x - newer, zigzag z: its bit length | (newer's exponent, the bit length of the
     element before), then the bits below the leading one as they are."""
     d = x - newer
@@ -96,7 +128,7 @@ def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str) -> float:
     below = float(np.maximum(length - 1, 0).sum())
     _, _, e = fields(newer, dtype)
     before = np.concatenate([[0], length[:-1]])
-    return cond_bits(length, np.clip(e - int(e.min()), 0, 31) * 33 + before) + below
+    return (adaptive_bits if adaptive else cond_bits)(length, np.clip(e - int(e.min()), 0, 31) * 33 + before) + below
 
 
 def piece_costs(series: list[Version]) -> dict[str, Any]:
@@ -117,34 +149,53 @@ def piece_costs(series: list[Version]) -> dict[str, Any]:
             whole = encode_whole(raw, size).stored_len
             row: dict[str, Any] = {"category": p.category, "logical": p.length, "engine whole": whole,
                                    "dup": dup[vi][i]}
-            row["whole order 0"] = whole_bits(x, p.dtype, None) / 8
-            v_idx = by_tensor.get((p.file, p.tensor[:-len("exp_avg")] + "exp_avg_sq", p.index)) \
-                if p.tensor.endswith(".exp_avg") else None
-            if v_idx is not None and version.pieces[v_idx].length == p.length:
-                v = ints(version.view(version.pieces[v_idx]), size)
-                row["whole given v"] = whole_bits(x, p.dtype, fields(v, p.dtype)[2]) / 8
+            for suffix, adaptive in (("", False), (" adaptive", True)):
+                row["whole order 0" + suffix] = whole_bits(x, p.dtype, None, adaptive) / 8
+            partner = _partner(p, by_tensor, version)
+            if partner is not None:
+                other = fields(ints(version.view(partner), size), p.dtype)[2]
+                model = "whole given v" if p.tensor.endswith(".exp_avg") else "whole given m"
+                for suffix, adaptive in (("", False), (" adaptive", True)):
+                    row[model + suffix] = whole_bits(x, p.dtype, other, adaptive) / 8 + ID_BYTES
             j = at_newer[i]
             if j is not None:
                 base = newer.view(newer.pieces[j])
                 y = ints(base, size)
                 d = encode_delta(raw, size, b"\0" * ID_BYTES, base, 1 << 62)  # always made: priced even where
                 row["engine delta"] = d.stored_len if d is not None else None  # the engine would keep it whole
-                row["whole given newer"] = whole_bits(x, p.dtype, fields(y, p.dtype)[0]) / 8 + ID_BYTES
-                row["delta given newer"] = delta_bits(x, y, p.dtype) / 8 + ID_BYTES
+                for suffix, adaptive in (("", False), (" adaptive", True)):
+                    row["whole given newer" + suffix] = whole_bits(x, p.dtype, fields(y, p.dtype)[0], adaptive) / 8 + ID_BYTES
+                    row["delta given newer" + suffix] = delta_bits(x, y, p.dtype, adaptive) / 8 + ID_BYTES
             row["key"] = list(_key(p))
             rows.append(row)
         out.append(rows)
     return {"versions": [v.name for v in series], "pieces": out}
 
 
+def _partner(p: Piece, by_tensor: dict[tuple[str, str, int], int], version: Version) -> Piece | None:
+    """The same piece of the related moment in the same version: exp_avg_sq for exp_avg, and
+    exp_avg for exp_avg_sq (torch.save's optimizer state names), if it has the same length."""
+    if p.tensor.endswith(".exp_avg"):
+        name = p.tensor + "_sq"
+    elif p.tensor.endswith(".exp_avg_sq"):
+        name = p.tensor[:-len("_sq")]
+    else:
+        return None
+    i = by_tensor.get((p.file, name, p.index))
+    other = None if i is None else version.pieces[i]
+    return other if other is not None and other.length == p.length else None
+
+
 def _key(p: Piece) -> tuple[str, str, int]:
     return (p.file, p.tensor, p.index)
 
 
-def layout(costs: dict[str, Any], k: int, context: bool) -> dict[str, float]:
+def layout(costs: dict[str, Any], k: int, context: bool, adaptive: bool = False) -> dict[str, float]:
     """Stored bytes per category in the reverse chain with a keyframe every k versions
-    (version v is a keyframe when v % k == k-1; the newest is raw and not counted here)."""
+    (version v is a keyframe when v % k == k-1; the newest is raw and not counted here).
+    `context`: the context models may be chosen too; `adaptive`: their adaptive prices also."""
     totals: dict[str, float] = {}
+    suffixes = ("", " adaptive") if adaptive else ("",)
     for vi, rows in enumerate(costs["pieces"]):
         keyframe = k > 0 and vi % k == k - 1
         for row in rows:
@@ -152,13 +203,17 @@ def layout(costs: dict[str, Any], k: int, context: bool) -> dict[str, float]:
             engine_delta = row.get("engine delta")  # kept by the engine only where it saves a tenth
             delta = [engine_delta if engine_delta is not None and engine_delta <= DELTA_MAX_SHARE * row["engine whole"] else None]
             if context:
-                whole += [row["whole order 0"], row.get("whole given v")]
-                delta += [row.get("whole given newer"), row.get("delta given newer")]
+                for s in suffixes:
+                    whole += [row.get("whole order 0" + s), row.get("whole given v" + s)]
+                    delta += [row.get("whole given newer" + s), row.get("delta given newer" + s)]
             allowed = whole + ([] if keyframe else delta)
             cost = 0 if row.get("dup") else min(c for c in allowed if c is not None)
             totals[row["category"]] = totals.get(row["category"], 0.0) + cost
             totals["logical " + row["category"]] = totals.get("logical " + row["category"], 0.0) + row["logical"]
     return totals
+
+
+LAYOUTS = (("engine", False, False), ("context", True, False), ("context, adaptive", True, True))
 
 
 def report(name: str, series: list[Version], costs: dict[str, Any], k: int) -> dict[str, Any]:
@@ -167,8 +222,8 @@ def report(name: str, series: list[Version], costs: dict[str, Any], k: int) -> d
     float_logical = sum(r["logical"] for rows in costs["pieces"] for r in rows)
     other = logical - float_logical - newest.logical  # every byte not priced above, at its logical size
     out: dict[str, Any] = {"series": name, "versions": len(series), "logical": logical, "k": k}
-    for label, context in (("engine", False), ("context", True)):
-        t = layout(costs, k, context)
+    for label, context, adaptive in LAYOUTS:
+        t = layout(costs, k, context, adaptive)
         stored_float = sum(v for c, v in t.items() if not c.startswith("logical "))
         out[label] = {
             "by_category": {c: round(v / t["logical " + c], 4) for c, v in t.items() if not c.startswith("logical ")},
@@ -178,7 +233,7 @@ def report(name: str, series: list[Version], costs: dict[str, Any], k: int) -> d
     per_model: dict[str, dict[str, float]] = {}
     for rows in costs["pieces"]:
         for r in rows:
-            for m in ("engine whole", "engine delta", "whole order 0", "whole given v", "whole given newer", "delta given newer"):
+            for m in _priced():
                 if r.get(m) is not None:
                     cell = per_model.setdefault(r["category"], {}).setdefault(m, 0.0)
                     per_model[r["category"]][m] = cell + r[m]
@@ -188,22 +243,26 @@ def report(name: str, series: list[Version], costs: dict[str, Any], k: int) -> d
     return out
 
 
+def _priced() -> list[str]:
+    return [m + s for m in PRICED for s in (("",) if m.startswith("engine") else ("", " adaptive"))]
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = []
     for r in results:
         lines.append(f"Series {r['series']} ({r['versions']} versions, {r['logical'] / 1e6:.1f} MB), "
                      f"reverse chain with a keyframe every {r['k']}, newest raw:\n")
         cats = sorted(r["per_model"])
-        models = ["engine whole", "engine delta", "whole order 0", "whole given v", "whole given newer", "delta given newer"]
-        lines.append("| tensor role | " + " | ".join(models) + " |")
-        lines.append("|---" * (len(models) + 1) + "|")
-        for c in cats:
-            lines.append(f"| {c} | " + " | ".join(f"{r['per_model'][c].get(m, float('nan')):.3f}"
-                                                  if m in r["per_model"][c] else "-" for m in models) + " |")
+        lines.append("| model | " + " | ".join(cats) + " |")
+        lines.append("|---" * (len(cats) + 1) + "|")
+        for m in _priced():
+            if any(m in r["per_model"][c] for c in cats):
+                lines.append(f"| {m} | " + " | ".join(f"{r['per_model'][c][m]:.3f}" if m in r["per_model"][c] else "-"
+                                                      for c in cats) + " |")
         lines.append("")
         lines.append("| layout | " + " | ".join(cats) + " | older float pieces | series (bound) |")
         lines.append("|---" * (len(cats) + 3) + "|")
-        for label in ("engine", "context"):
+        for label, _, _ in LAYOUTS:
             e = r[label]
             lines.append(f"| {label} | " + " | ".join(f"{e['by_category'].get(c, float('nan')):.3f}" for c in cats)
                          + f" | {e['older_float_ratio']:.3f} | {e['series_ratio_bound']:.3f} |")
