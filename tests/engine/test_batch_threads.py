@@ -87,3 +87,14 @@ def test_a_borrowed_view_is_kept_and_an_unborrowed_one_copied(store: Store) -> N
         w.commit()
     with store.open_reader(ino) as r:
         assert bytes(r.read(0, 6 << 20)) == bytes(view) * 2
+
+
+def test_spare_while_fewer_batches_are_in_flight_than_workers() -> None:
+    t = BatchThreads(2)
+    assert t.spare
+    t.batch_started()
+    assert t.spare
+    t.batch_started()
+    assert not t.spare
+    t.batch_ended()
+    assert t.spare

@@ -1,6 +1,7 @@
 """The FUSE thread serves every file, so it never blocks on one file's batch: a write that
-would wait for its session's running batch (`WriteSession.batch_to_wait_for`) is awaited in
-trio first (`CowfsOperations.write`), and other requests are served meanwhile."""
+would wait for its session's batches in flight (`WriteSession.batch_to_wait_for`: the last
+one's cut, or the oldest of two) is awaited in trio first (`CowfsOperations.write`), and
+other requests are served meanwhile."""
 from __future__ import annotations
 
 import os
@@ -40,25 +41,33 @@ def _read(store: Store, ino: int) -> bytes:
         return bytes(r.read(0, attr.size + 1))
 
 
-def test_which_writes_would_wait_for_the_running_batch(store: Store) -> None:
+def _both_cut(s: session_mod.WriteSession) -> None:
+    """Wait until the last batch in flight has been cut (it then waits for the one before)."""
+    s.batches._jobs[-1].cut.result(30)
+
+
+def test_which_writes_would_wait_for_a_batch(store: Store) -> None:
     batch = session_mod.BATCH
-    body = os.urandom(batch + 3 * MiB)
+    body = os.urandom(2 * batch + 3 * MiB)
     ino = store.create(ROOT_INO, b"f").ino
     with store.open_session(ino) as s:
         stuck = StuckBatches(s)
         assert s.batch_to_wait_for(0, batch) is None  # no batch runs yet
-        s.write(0, body[:batch])  # the first batch goes to a worker, and sticks there
+        s.write(0, body[:batch])  # the first batch goes to a worker: cut, then stuck in its store
         assert stuck.started.wait(30)
-        assert s.batch_to_wait_for(batch, MiB) is None  # a plain append: it cannot wait
-        s.write(batch, body[batch:batch + MiB])
-        running = s.batch_to_wait_for(batch + MiB, batch)  # it would fill the next batch
-        assert running is not None and not running.done()
-        assert s.batch_to_wait_for(MiB, 10) is running  # an overwrite leaves the stream: it waits first
-        assert s.batch_to_wait_for(batch + 2 * MiB, MiB) is running  # held ahead of the stream
+        assert s.batch_to_wait_for(batch, batch) is None  # its cut is done: the next batch may start
+        s.write(batch, body[batch:2 * batch])  # the second: cut, then waits for the first's store
+        _both_cut(s)
+        assert s.batch_to_wait_for(2 * batch, MiB) is None  # a plain append: it cannot wait
+        s.write(2 * batch, body[2 * batch:2 * batch + MiB])
+        oldest = s.batch_to_wait_for(2 * batch + MiB, batch)  # it would fill a third batch: two run
+        assert oldest is not None and not oldest.done()
+        assert s.batch_to_wait_for(MiB, 10) is oldest  # an overwrite leaves the stream: it waits first
+        assert s.batch_to_wait_for(2 * batch + 2 * MiB, MiB) is oldest  # held ahead of the stream
         stuck.release.set()
-        running.result(30)
-        assert s.batch_to_wait_for(batch + MiB, batch) is None
-        s.write(batch + MiB, body[batch + MiB:])
+        oldest.result(30)
+        assert s.batch_to_wait_for(2 * batch + MiB, batch) is None
+        s.write(2 * batch + MiB, body[2 * batch + MiB:])
         s.commit()
     assert _read(store, ino) == body
 
@@ -68,13 +77,15 @@ def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: 
     and the other task sees the write finished already (the batch is then let go by a
     fallback timer, so the test fails instead of hanging)."""
     batch = session_mod.BATCH
-    body = os.urandom(2 * batch)
+    body = os.urandom(3 * batch)
     ino = store.create(ROOT_INO, b"g").ino
     ops = CowfsOperations(store)
     with store.open_session(ino) as s:
         stuck = StuckBatches(s)
         s.write(0, body[:batch])
         assert stuck.started.wait(30)
+        s.write(batch, body[batch:2 * batch])  # two batches in flight, the first stuck
+        _both_cut(s)
         ops.handles.files[7] = SimpleNamespace(shared=SharedSession(s))  # type: ignore[assignment]
         seen: dict[str, bool] = {}
         fallback = threading.Timer(10, stuck.release.set)
@@ -84,7 +95,7 @@ def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: 
             done = trio.Event()
 
             async def write() -> None:
-                assert await ops.write(7, batch, body[batch:]) == batch
+                assert await ops.write(7, 2 * batch, body[2 * batch:]) == batch
                 done.set()
 
             async with trio.open_nursery() as nursery:
@@ -106,22 +117,18 @@ def test_the_fuse_thread_serves_others_while_a_write_waits_for_its_batch(store: 
 
 def test_a_write_whose_joins_fill_another_batch_does_not_wait_for_it(store: Store, monkeypatch) -> None:
     """The write that closes the gap before held writes joins them all. The FUSE thread awaited
-    the running batch before it; the batch that write starts must not be waited for again by
-    the joins (the writeback cache's order made the FUSE thread block so in a profile)."""
+    room for a batch before it; the batches that write starts must not be waited for by the
+    joins (the writeback cache's order made the FUSE thread block so in a profile)."""
     monkeypatch.setattr(session_mod, "BATCH", MiB)
     body = os.urandom(6 * MiB)
     ino = store.create(ROOT_INO, b"h").ino
     with store.open_session(ino) as s:
         stuck = StuckBatches(s)
-        s.write(0, body[:MiB])  # batch 1 runs, stuck
+        s.write(0, body[:MiB])  # batch 1 runs, stuck in its store
         assert stuck.started.wait(30)
         for k in (2, 3, 4, 5):  # held ahead of the stream
             s.write(k * MiB, body[k * MiB:(k + 1) * MiB])
-        running = s.batch_to_wait_for(MiB, MiB)
-        assert running is not None
-        stuck.release.set()  # what the FUSE thread awaits
-        running.result(30)
-        stuck.release = threading.Event()  # the batches from here on stick
+        assert s.batch_to_wait_for(MiB, MiB) is None  # batch 1 is cut: there is room for batch 2
         writer = threading.Thread(target=s.write, args=(MiB, body[MiB:2 * MiB]))
         writer.start()
         writer.join(10)

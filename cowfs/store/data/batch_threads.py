@@ -1,5 +1,6 @@
-"""`BatchThreads`: how many threads one write batch's native calls may use; `named_pool`: a
-pool whose OS threads carry its name (per-thread CPU in /proc says which pool used it)."""
+"""`BatchThreads`: how many threads one write batch's native calls may use, and whether a
+stream may put a second batch in flight; `named_pool`: a pool whose OS threads carry its
+name (per-thread CPU in /proc says which pool used it)."""
 from __future__ import annotations
 
 import threading
@@ -24,6 +25,7 @@ class BatchThreads:
         self._cores = cores
         self._most = most
         self._running = 0
+        self._in_flight = 0  # batches submitted and not yet stored, of every stream
         self._lock = threading.Lock()
 
     @contextmanager
@@ -41,6 +43,22 @@ class BatchThreads:
     @property
     def running(self) -> int:
         return self._running
+
+    def batch_started(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def batch_ended(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    @property
+    def spare(self) -> bool:
+        """Whether fewer batches are in flight than there are workers: only then does a stream
+        put a second batch in flight (data/batches.py). With as many streams as workers, a
+        second batch per stream only made each batch wait longer between its cut and its
+        store, its bytes out of the caches by then (more CPU per GiB)."""
+        return self._in_flight < self._cores
 
 
 def named_pool(name: str, workers: int) -> ThreadPoolExecutor:

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from ...errors import InvalidArgument
 from ..log.log import Location, Log
 from .batch_threads import BatchThreads
+from .batches import StreamBatches
 from .chunk_writer import ChunkWriter
-from .chunking import MIN_CHUNK, Region, StreamChunker, StreamLayout, stream_reader
+from .chunking import MIN_CHUNK, CutBatch, Region, StreamChunker, StreamLayout, stream_reader
 from .content import ChunkCache, Extent, find_extent
 from .index import ChunkIndex
 from .overlay import Overlay
@@ -110,23 +111,33 @@ class WriteSession:
         self.pending_len = 0
         self.window = ReorderWindow()  # writes beyond stream_pos
         self.tail = StreamTail(RESENT)  # the stream's last bytes
-        self._job: tuple[Future, list[bytes | memoryview]] | None = None  # the running batch and its bytes
+        # the batches in flight: one cut while the one before it is stored (batches.py)
+        self.batches: StreamBatches[list[bytes | memoryview], CutBatch, tuple[int, bytes]] = StreamBatches(
+            self._executor, self._threads, lambda data, threads: self._cut(data, False, threads), self._store,
+            self.chunker.state, self.chunker.restore)
 
     # -- the streaming fast path ----------------------------------------------
 
+    def _cut(self, data: list[bytes | memoryview], final: bool, threads: int) -> CutBatch:
+        return self.chunker.cut(data, final=final, threads=threads, fixed=self._tensor_regions(data, final))
+
+    def _store(self, batch: CutBatch, threads: int) -> None:
+        exts = self.writer.store(batch, threads)
+        self.stream_extents.extend(exts)
+        self._stream_starts.extend(e.offset for e in exts)
+
     def _run_batch(self, data: list[bytes | memoryview], final: bool) -> None:
-        """Chunk and store one batch. If storing fails (e.g. no space for a new segment),
-        the chunker is put back as it was, so the same bytes can be run again."""
+        """Chunk and store one batch here (the last, at commit; none in flight). If storing
+        fails (e.g. no space for a new segment), the chunker is put back as it was, so the
+        same bytes can be run again."""
         saved = self.chunker.state()
         with self._threads.share() as threads:
-            batch = self.chunker.cut(data, final=final, threads=threads, fixed=self._tensor_regions(data, final))
+            batch = self._cut(data, final, threads)
             try:
-                exts = self.writer.store(batch, threads)
+                self._store(batch, threads)
             except BaseException:
                 self.chunker.restore(saved)
                 raise
-        self.stream_extents.extend(exts)
-        self._stream_starts.extend(e.offset for e in exts)
 
     def _tensor_regions(self, data: list[bytes | memoryview], final: bool) -> list[Region]:
         """The tensor regions to cut this batch with, as the layout learns them from its bytes
@@ -139,29 +150,37 @@ class WriteSession:
         self.layout.learn(start, end, stream_reader(pieces, start), final)
         return self.layout.regions(start, end)
 
+    def _raise_failed(self, failed: tuple[BaseException | None, list[list[bytes | memoryview]]]) -> None:
+        """A failed batch (StreamBatches.wait): its bytes and those of the batches after it go
+        back in front of `pending` (the chunker was put back): the view is unchanged, and
+        the error is raised."""
+        error, back = failed
+        if error is None:
+            return
+        data = [d for batch in back for d in batch]
+        self.pending[:0] = data
+        self.pending_len += sum(len(d) for d in data)
+        raise error
+
     def _wait(self) -> None:
-        """Wait for the running batch. If it failed, its bytes go back in front of `pending`
-        (its chunker state was restored): the view is unchanged, and the error is raised."""
-        if self._job is not None:
-            (job, data), self._job = self._job, None
-            try:
-                job.result()
-            except BaseException:
-                self.pending[:0] = data
-                self.pending_len += sum(len(d) for d in data)
-                raise
+        """Wait for every batch in flight; a failure raises (`_raise_failed`)."""
+        self._raise_failed(self.batches.wait())
+
+    def _make_room(self) -> None:
+        """Wait until the next batch can start; a failure raises (`_raise_failed`)."""
+        self._raise_failed(self.batches.make_room())
 
     def _submit_batch(self) -> None:
         """The first BATCH bytes of `pending` (whole writes) to a worker; the rest waits there
         (joined writes can leave more: a batch stays about BATCH, within the heap's buffers)."""
-        self._wait()
+        self._make_room()
         take, size = 0, 0
         while take < len(self.pending) and size < BATCH:
             size += len(self.pending[take])
             take += 1
         data, self.pending = self.pending[:take], self.pending[take:]
         self.pending_len -= size
-        self._job = (self._executor.submit(self._run_batch, data, False), data)
+        self.batches.submit(data)
 
     @property
     def ahead_len(self) -> int:
@@ -208,13 +227,13 @@ class WriteSession:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
         worker once BATCH bytes wait. `joined`: bytes held in memory already (the reorder
         window's, a gap's fill): they never wait for a running batch, but stay in the buffer
-        (beyond BATCH, at most the window's REORDER) until the next append finds it done.
-        Through the mount the FUSE thread awaits that batch before the write that needs it
+        (beyond BATCH, at most the window's REORDER) until the next append finds room.
+        Through the mount the FUSE thread awaits the room before the write that needs it
         (`batch_to_wait_for`), so a write whose joins fill two batches does not block it."""
         n = len(data)
-        running = joined and self._job is not None and not self._job[0].done()
+        running = joined and not self.batches.room()
         if self.pending_len + n >= BATCH and not running:
-            self._wait()  # a failed batch raises here, before this write changes anything
+            self._make_room()  # a failed batch raises here, before this write changes anything
         self.pending.append(data)
         self.pending_len += n
         self.stream_pos += n
@@ -259,17 +278,19 @@ class WriteSession:
     # -- the caller's operations ------------------------------------------------
 
     def batch_to_wait_for(self, offset: int, n: int) -> Future | None:
-        """The running batch that a write of `n` bytes at `offset` may wait for, or None when
-        it cannot wait (no batch runs, or the write is a plain append that does not fill the
-        next batch). The FUSE thread, which serves every file, awaits it without blocking
-        (`fs.dispatch.wait_future`) and then writes: `write` then finds it done."""
+        """What a write of `n` bytes at `offset` may wait for before the next batch can start
+        (a batch's cut, or the oldest batch in flight), or None when it need not wait (there
+        is room, or the write is a plain append that does not fill the next batch). The FUSE
+        thread, which serves every file, awaits it without blocking (`fs.dispatch.wait_future`)
+        and then writes: `write` then finds the room."""
         with self._lock:
-            if self._job is None or self._job[0].done():
+            wait_for = self.batches.to_wait_for()
+            if wait_for is None:
                 return None
             plain_append = (self.streaming and not self.window
                             and offset <= self.stream_pos < offset + n
                             and self.pending_len + offset + n - self.stream_pos < BATCH)
-            return None if plain_append else self._job[0]
+            return None if plain_append else wait_for
 
     def write(self, offset: int, data: bytes | memoryview, borrow: bool = False) -> int:
         """Write `data` at `offset`. `borrow`: the caller promises that `data` (a read-only
