@@ -212,3 +212,26 @@ def test_no_second_batch_while_the_workers_are_all_taken(pool) -> None:
     finally:
         threads.batch_ended()
     assert threads.spare
+
+
+def test_a_store_queued_after_the_pool_shut_down_fails_instead_of_hanging() -> None:
+    """The batch before it ends after the store's pool was shut down (the daemon stopping):
+    queuing the waiting store is refused, so that batch fails and whoever waits wakes."""
+    pool = ThreadPoolExecutor(2)
+    f = FakeStream()
+    f.store_gate["a"] = threading.Event()
+    b = f.batches(pool)
+    b.submit("a")
+    assert b.make_room() == (None, [])
+    b.submit("b")
+    b._jobs[-1].cut.result(30)  # b is cut and noted on a, which is stuck in its store
+    pool.shutdown(wait=False)
+    f.store_gate["a"].set()
+    with pytest.raises(RuntimeError):  # without the refusal handled: b's done never comes (a timeout)
+        b._jobs[-1].done.result(30)
+    error, back = b.wait()
+    assert isinstance(error, RuntimeError) and back == ["b"] and f.stored == ["a"]
+    b.submit("c")  # a batch submitted now fails the same way
+    error, back = b.wait()
+    assert isinstance(error, RuntimeError) and back == ["c"]
+    pool.shutdown()

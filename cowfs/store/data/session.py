@@ -226,19 +226,19 @@ class WriteSession:
     def _append(self, data: bytes | memoryview, joined: bool = False) -> None:
         """(lock held, streaming) `data` at stream_pos: into the stream buffer, a batch to a
         worker once BATCH bytes wait. `joined`: bytes held in memory already (the reorder
-        window's, a gap's fill): they never wait for a running batch, but stay in the buffer
+        window's, a gap's fill): they never wait for room for a batch, but stay in the buffer
         (beyond BATCH, at most the window's REORDER) until the next append finds room.
         Through the mount the FUSE thread awaits the room before the write that needs it
         (`batch_to_wait_for`), so a write whose joins fill two batches does not block it."""
         n = len(data)
-        running = joined and not self.batches.room()
-        if self.pending_len + n >= BATCH and not running:
+        no_room = joined and not self.batches.room()
+        if self.pending_len + n >= BATCH and not no_room:
             self._make_room()  # a failed batch raises here, before this write changes anything
         self.pending.append(data)
         self.pending_len += n
         self.stream_pos += n
         self.tail.push(data)
-        if self.pending_len >= BATCH and not running:
+        if self.pending_len >= BATCH and not no_room:
             self._submit_batch()
 
     def _join_ahead(self) -> None:
