@@ -37,6 +37,7 @@ from .data.reader import WINDOW_BUFFER, FileReader
 from .data.session import SessionHandle, WriteSession
 from .log.buffers import window_pool
 from .log.evicted import EvictedSegments, PackReader
+from .log.heads import MOST_HEADS
 from .log.layout import (
     CATALOG_FILE,
     DEFAULT_DEVICE,
@@ -74,7 +75,8 @@ class Store(TreeChanges):
         except BaseException:
             catalog.close()
             raise
-        log = Log(root, config, self._new_segment_id)
+        # a head segment per worker (up to 8): appends running at once write different files
+        log = Log(root, config, self._new_segment_id, heads=min(MOST_HEADS, workers or os.cpu_count() or 2))
         log.locate = self._locate_chunk
         log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
         self._serve(root, config, lock_fd, catalog, log, workers)
@@ -280,7 +282,7 @@ class Store(TreeChanges):
                 raise IsADirectory(f"inode {ino} is a directory")
             return attr, load_extents(conn, attr.content_id, VersionId(attr.ino, attr.vid, attr.birth_gen))
 
-        with self.index.gc_lock:  # gc cannot drop the body between loading and holding it
+        with self.index.gc_lock.shared():  # gc cannot drop the body between loading and holding it
             attr, extents = self._read(fn, gen)
             release = self.holds.hold(attr.content_id)
         return self.body_reader(extents, attr.size, release, VersionId(attr.ino, attr.vid, attr.birth_gen))
@@ -303,7 +305,7 @@ class Store(TreeChanges):
         # lock order everywhere: gc_lock, then _mutex (open_reader and gc take them so too);
         # the catalog read under gc_lock only, so _mutex (which the FUSE thread takes in
         # open_created_session) is never held across a read
-        with self.index.gc_lock:
+        with self.index.gc_lock.shared():
             attr, extents = self._read(fn, None)
             with self._mutex:
                 if ino in self._sessions:

@@ -22,6 +22,14 @@ def test_two_arms_make_a_row_each(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert list(tmp_path.iterdir()) == []  # each arm's store is gone
 
 
+def test_streams_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--mib", "24", "--streams", "3", "--reps", "1", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 write streams at once" in out
+    assert len([line for line in out.splitlines() if line.startswith(f"| {REPO} |")]) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_ratio_is_per_repetition() -> None:
     runs = [[{"gib_s": 1.0, "cpu_s_per_gib": 2.0}, {"gib_s": 2.0, "cpu_s_per_gib": 2.0}],
             [{"gib_s": 1.5, "cpu_s_per_gib": 1.0}, {"gib_s": 2.0, "cpu_s_per_gib": 3.0}]]
@@ -36,5 +44,10 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["--work", str(tmp_path / "missing")])
     with pytest.raises(SystemExit):
+        main(["--streams", "0"])
+    with pytest.raises(SystemExit):
+        main(["--mib", "2", "--streams", "4", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit):
         main(["--code", str(tmp_path)])
-    assert "no cowfs/ there" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no cowfs/ there" in err and "at least 1 MiB per stream" in err

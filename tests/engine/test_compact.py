@@ -445,3 +445,30 @@ def test_pieces_the_save_stored_raw_become_deltas_against_their_newer_neighbour_
         assert len(codecs) == 6 and set(codecs) <= set(DELTA_CODECS), (i, codecs)
     store.gc()
     assert_reads(store, files)
+
+
+def test_a_gc_beside_the_compactor_keeps_the_records_it_appended_but_not_yet_committed(store, monkeypatch):
+    """A gc that runs after the compactor's writer appended records and before the compactor
+    took their locations (its next append, or its commit) must keep them: they are registered
+    with the append, under gc_lock. Registered later, gc punched them as garbage, and the
+    compactor's commit then pointed at zeros (fsck at teardown and the reads below fail)."""
+    from cowfs.store.tensors.compact_body import Body
+
+    files = series(store, 3)
+    real_settle = Body._settle
+    gcs = []
+
+    def settle_after_a_gc(self) -> None:
+        if self.appends:
+            for fut, _done in self.appends:
+                fut.result()  # written, not yet taken by the compactor
+            store.gc()
+            gcs.append(1)
+        real_settle(self)
+
+    monkeypatch.setattr(Body, "_settle", settle_after_a_gc)
+    report = store.compact()
+    assert gcs and report.recut > 0
+    assert_reads(store, files)
+    store.gc()
+    assert_reads(store, files)

@@ -45,6 +45,7 @@ test id) replays one run; `COWFS_POWERLOSS_CRASHES=<n>` sets crash points per ru
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -332,13 +333,16 @@ def op_session_gc(rng: random.Random, m: Model) -> Op:
 
 def op_two_sessions(rng: random.Random, m: Model) -> Op:
     """Two files rewritten by interleaved sessions, often with the same bytes (dedup against
-    the other session's appended but uncommitted records); each ends in commit or abort."""
+    the other session's appended but uncommitted records); each ends in commit or abort.
+    Half the time the second session's writes run while the first head segment is taken (as
+    an append running beside them would), so its records go to a second head segment."""
     pa, pb = rng.sample(sorted(m.files), 2)
     da = gen_data(rng, m)
     db = da if rng.random() < 0.5 else gen_data(rng, m)
     piece = rng.choice([64 * KiB, 300 * KiB, 1 * MiB])
     ends = {pa: rng.choice(["commit", "commit", "abort"]), pb: rng.choice(["commit", "commit", "abort"])}
     order = [pa, pb] if rng.random() < 0.5 else [pb, pa]
+    second_head = rng.random() < 0.5
     states = [m.copy()]
     for p in order:
         if ends[p] == "commit":
@@ -355,8 +359,9 @@ def op_two_sessions(rng: random.Random, m: Model) -> Op:
                 for p in (pa, pb):
                     s, d = sess[p]
                     if pos < len(d):
-                        s.write(pos, d[pos:pos + piece])
-                        s.read(0, 1)  # wait for the session's batch: one append at a time keeps runs replayable
+                        with _first_head_taken(r.store) if second_head and p == pb else contextlib.nullcontext():
+                            s.write(pos, d[pos:pos + piece])
+                            s.read(0, 1)  # wait for the session's batch: one append at a time keeps runs replayable
             for p in order:
                 s, _ = sess[p]
                 if ends[p] == "commit":
@@ -365,7 +370,15 @@ def op_two_sessions(rng: random.Random, m: Model) -> Op:
                     s.abort()
 
     same = " (same bytes)" if da is db else ""
-    return Op(f"two_sessions {pa}:{ends[pa]} {pb}:{ends[pb]}{same}", {"commit"}, states, run)
+    heads = ", the second into a second head" if second_head else ""
+    return Op(f"two_sessions {pa}:{ends[pa]} {pb}:{ends[pb]}{same}{heads}", {"commit"}, states, run)
+
+
+def _first_head_taken(store: Store) -> contextlib.AbstractContextManager:
+    """The log's first head held by this thread, so that the appends meanwhile go to another
+    head segment (none where the log has one head only: the append would wait for this one)."""
+    heads = store.log._heads
+    return heads.take_first() if heads.most >= 2 else contextlib.nullcontext()
 
 
 def op_rename(rng: random.Random, m: Model) -> Op:

@@ -48,8 +48,9 @@ class ChunkWriter:
             new_sizes = [sizes[i] for i in todo]
             with self._log.staging(sum(record_span(n) for n in new_sizes)) as staged:
                 _native.stage_records(batch.pieces, batch.lengths, batch.ids, picks, threads, staged)
-                # append and register under gc_lock: gc never sees a record that is written but not yet known
-                with self._index.gc_lock:
+                # append and register under gc_lock (shared with the other writers; gc takes it alone):
+                # gc never sees a record that is written but not yet known
+                with self._index.gc_lock.shared():
                     located = list(zip([hashes[i] for i in todo], self._log.append_staged(staged, new_sizes)))
                     self._index.add_locations(located)
             locations.update(located)

@@ -1,9 +1,10 @@
 """Chunk index for writers: dedup lookups and pins on chunks not yet committed.
 
 A write session pins every chunk it will reference before it checks the
-catalog, and gc decides and deletes dead chunks while holding `gc_lock`, so a
-chunk a session found in the catalog cannot be deleted before the session
-commits, and a chunk appended but not yet committed is never punched.
+catalog, and gc decides and deletes dead chunks while holding `gc_lock` alone
+(writers share it: gc_lock.py), so a chunk a session found in the catalog cannot
+be deleted before the session commits, and a chunk appended but not yet committed
+is never punched.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 
 from ..catalog.db import Catalog
 from ..log.log import LOCATION_COLS, Location, location
+from .gc_lock import GcLock
 
 
 class InflightChunk:
@@ -28,14 +30,14 @@ class InflightChunk:
 class ChunkIndex:
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        self.gc_lock = threading.RLock()
+        self.gc_lock = GcLock()
         self._lock = threading.Lock()
         self._inflight: dict[bytes, InflightChunk] = {}
 
     def pin(self, hashes: list[bytes]) -> dict[bytes, Location]:
         """Pin `hashes`; return the known location of each that is already stored or in flight."""
         known: dict[bytes, Location] = {}
-        with self.gc_lock, self._lock:
+        with self.gc_lock.shared(), self._lock:
             for h in hashes:
                 entry = self._inflight.get(h)
                 if entry is None:
@@ -53,13 +55,8 @@ class ChunkIndex:
                     known[bytes(h)] = location(*loc)
         return known
 
-    def add_location(self, h: bytes, loc: Location) -> None:
-        with self._lock:
-            entry = self._inflight.setdefault(h, InflightChunk())
-            entry.locations.append(loc)
-
     def add_locations(self, located: list[tuple[bytes, Location]]) -> None:
-        """add_location for each (hash, location), under one lock."""
+        """Record where each (hash, location) was appended, under one lock."""
         with self._lock:
             inflight = self._inflight
             for h, loc in located:
@@ -79,7 +76,7 @@ class ChunkIndex:
                     del self._inflight[h]
 
     def protected(self) -> tuple[set[bytes], set[tuple[int, int]]]:
-        """Hashes pinned and record locations in flight; call with gc_lock held."""
+        """Hashes pinned and record locations in flight; call with gc_lock held alone."""
         with self._lock:
             hashes = set(self._inflight)
             locs = {(loc.seg_id, loc.offset) for e in self._inflight.values() for loc in e.locations}

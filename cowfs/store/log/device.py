@@ -197,7 +197,8 @@ def round_up(n: int, align: int = BLOCK) -> int:
 STAGING = 8 << 20  # largest aligned staging buffer a direct segment keeps for its writes
 
 
-WRITE_STAGING = staging_pool(STAGING, keep=2)  # writes to one segment are serialized; few segments take writes
+# writes to one segment are serialized; up to one per head segment at once (heads.MOST_HEADS)
+WRITE_STAGING = staging_pool(STAGING, keep=8)
 
 
 class DirectFileSegment(FileSegment):

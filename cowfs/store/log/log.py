@@ -1,7 +1,8 @@
 """The append-only log: a sequence of preallocated segments holding chunk records.
 
-One head segment takes appends; the others are read-only. Appends are batched
-into one write per segment; `sync()` is the durability point. The commit
+A few head segments take appends, one append at a time each (heads.py: appends
+running at once go to different files); the others are read-only. Appends are
+batched into one write per segment; `sync()` is the durability point. The commit
 transaction then raises each segment's committed end to the end of the records
 the new version references. On open, every segment is cut back to its committed
 end: whatever lay beyond it was never referenced by a committed version.
@@ -20,12 +21,13 @@ from typing import Callable, Iterator, NamedTuple
 
 import blake3
 
-from ...errors import CorruptData, CowfsError
+from ...errors import CorruptData, CowfsError, NoSpace
 from .codecs import MAX_CHAIN, decode_into
 from .buffers import staging_pool
 from .device import DirectFileSegment, FileSegment, round_up
 from .pmem import PmemSegment
 from .evicted import EvictedSegments
+from .heads import Head, Heads
 from .layout import FORMAT_VERSION, StoreConfig, fsync_dir, segment_path
 from .records import (
     CODEC_RAW,
@@ -99,19 +101,18 @@ class Log:
         root: Path,
         config: StoreConfig,
         new_segment_id: Callable[[], int],
+        heads: int = 1,
     ) -> None:
         self.root = root
         self.config = config
         self._new_segment_id = new_segment_id
         self._seg_cls = segment_class(config.device)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the maps below (appends into a head hold that head's lock)
         self._sync_lock = threading.Lock()  # a sync returns only after every earlier append is durable
         self._open: dict[int, FileSegment] = {}
-        self._head: FileSegment | None = None
-        self._head_id = 0
-        self._head_end = 0
+        self._heads = Heads(heads)
         self._unsynced: set[int] = set()
-        self._ends: dict[int, int] = {}
+        self._ends: dict[int, int] = {}  # where the records appended so far end, per segment
         self.locate: Callable[[bytes], Location | None] | None = None  # a chunk id's catalog location (Store sets it)
         self.evicted: EvictedSegments | None = None  # segments kept only in the bucket (Store sets it)
         self._use_lock = threading.Lock()  # reads in flight per segment, so an evicted file closes after them
@@ -177,45 +178,69 @@ class Log:
         for seg in done:
             seg.close()
 
-    def _rotate(self, need: int) -> None:
-        """Start a new head segment big enough for `need` bytes of records."""
-        if self._head is not None:
-            self._ends[self._head_id] = self._head_end
+    def _rotate(self, head: Head, need: int) -> None:
+        """Give `head` (held) a new segment big enough for `need` bytes of records."""
         size = max(self.config.segment_size, round_up(DATA_START + need))
         seg_id = self._new_segment_id()
         seg = self._seg_cls.create(segment_path(self.root, seg_id), size)
         seg.write(0, encode_segment_header(seg_id, self.config.store_uuid, time.time_ns(), FORMAT_VERSION))
         seg.persist()
         fsync_dir(self.root / "segments")
-        self._open[seg_id] = seg
-        self._head, self._head_id, self._head_end = seg, seg_id, DATA_START
+        with self._lock:
+            self._open[seg_id] = seg
+            self._ends[seg_id] = DATA_START
+        head.seg, head.seg_id, head.end = seg, seg_id, DATA_START
+
+    def _appended(self, head: Head, end: int) -> None:
+        """Records were written into `head`'s segment up to `end` (a sync makes them durable)."""
+        head.end = end
+        with self._lock:
+            self._ends[head.seg_id] = end
+            self._unsynced.add(head.seg_id)
+
+    def _into_a_head(self, append: Callable[[Head], list[Location]]) -> list[Location]:
+        """Run `append` with a head of its own. A head opened for it whose segment finds no
+        room (NoSpace before anything was written) is given up, and the append waits for
+        the first head instead, as it would with one head."""
+        with self._heads.take() as head:
+            if head.seg is not None or head is self._heads.first():
+                return append(head)
+            try:
+                return append(head)
+            except NoSpace:
+                if head.seg is not None:
+                    raise
+                self._heads.drop(head)
+        with self._heads.take_first() as head:
+            return append(head)
 
     # -- append / read ----------------------------------------------------
 
     def append_records(self, items: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
         """Append records (id, payload, raw length, codec); one write per segment touched."""
+        return self._into_a_head(lambda head: self._append_records(head, items))
+
+    def _append_records(self, head: Head, items: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
         locs: list[Location] = []
-        with self._lock:
-            i = 0
+        i = 0
+        while i < len(items):
+            if head.seg is None or head.end + record_span(len(items[i][1])) > head.seg.size:
+                self._rotate(head, record_span(len(items[i][1])))
+            assert head.seg is not None
+            start = head.end
+            parts: list[bytes | memoryview] = []
+            pos = start
             while i < len(items):
-                if self._head is None or self._head_end + record_span(len(items[i][1])) > self._head.size:
-                    self._rotate(record_span(len(items[i][1])))
-                assert self._head is not None
-                start = self._head_end
-                parts: list[bytes | memoryview] = []
-                pos = start
-                while i < len(items):
-                    cid, data, raw_len, codec = items[i]
-                    span = record_span(len(data))
-                    if pos + span > self._head.size:
-                        break
-                    parts.extend(record_parts(cid, data, raw_len, codec))
-                    locs.append(location(self._head_id, pos, len(data), codec, raw_len))
-                    pos += span
-                    i += 1
-                self._head.write_parts(start, parts)
-                self._head_end = pos
-                self._unsynced.add(self._head_id)
+                cid, data, raw_len, codec = items[i]
+                span = record_span(len(data))
+                if pos + span > head.seg.size:
+                    break
+                parts.extend(record_parts(cid, data, raw_len, codec))
+                locs.append(location(head.seg_id, pos, len(data), codec, raw_len))
+                pos += span
+                i += 1
+            head.seg.write_parts(start, parts)
+            self._appended(head, pos)
         return locs
 
     @contextlib.contextmanager
@@ -241,42 +266,43 @@ class Log:
         the next append starts after that block."""
         buf = memoryview(staged).cast("B")
         spans = [record_span(n) for n in lengths]
-        total = sum(spans)
-        if len(buf) < total:
+        if len(buf) < sum(spans):
             raise ValueError(f"staged records hold {len(buf)} bytes, not the records of {len(lengths)} chunks")
+        return self._into_a_head(lambda head: self._append_staged(head, buf, lengths, spans))
+
+    def _append_staged(self, head: Head, buf: memoryview, lengths: list[int], spans: list[int]) -> list[Location]:
+        total = sum(spans)
         locs: list[Location] = []
-        with self._lock:
-            i, at = 0, 0
+        i, at = 0, 0
+        while i < len(lengths):
+            first = spans[i]
+            aligned = at == 0 and total >= ALIGNED_MIN and head.seg is not None and head.seg.aligned_writes
+            start = round_up(head.end) if aligned else head.end
+            if head.seg is None or start + first > head.seg.size:
+                self._rotate(head, first)
+                start = head.end  # DATA_START: on a block boundary
+            seg = head.seg
+            assert seg is not None
+            pos = start
             while i < len(lengths):
-                first = spans[i]
-                aligned = at == 0 and total >= ALIGNED_MIN and self._head is not None and self._head.aligned_writes
-                start = round_up(self._head_end) if aligned else self._head_end
-                if self._head is None or start + first > self._head.size:
-                    self._rotate(first)
-                    start = self._head_end  # DATA_START: on a block boundary
-                assert self._head is not None
-                pos = start
-                seg_id, seg_size = self._head_id, self._head.size
-                while i < len(lengths):
-                    span = spans[i]
-                    if pos + span > seg_size:
-                        break
-                    locs.append(Location(seg_id, pos, lengths[i]))
-                    pos += span
-                    i += 1
-                padded = round_up(pos)
-                # (the zeros go after the batch's last record only: bytes after `pos` in the
-                # buffer are records for the next segment when this one is full)
-                if aligned and i == len(lengths) and padded <= self._head.size and len(buf) >= padded - start:
-                    buf[pos - start:padded - start] = bytes(padded - pos)
-                    if self._head.write_aligned(start, buf[:padded - start]):
-                        self._head_end, at = padded, pos - start
-                        self._unsynced.add(self._head_id)
-                        continue
-                self._head.write_parts(start, [buf[at:at + pos - start]])
-                at += pos - start
-                self._head_end = pos
-                self._unsynced.add(self._head_id)
+                span = spans[i]
+                if pos + span > seg.size:
+                    break
+                locs.append(Location(head.seg_id, pos, lengths[i]))
+                pos += span
+                i += 1
+            padded = round_up(pos)
+            # (the zeros go after the batch's last record only: bytes after `pos` in the
+            # buffer are records for the next segment when this one is full)
+            if aligned and i == len(lengths) and padded <= seg.size and len(buf) >= padded - start:
+                buf[pos - start:padded - start] = bytes(padded - pos)
+                if seg.write_aligned(start, buf[:padded - start]):
+                    at = pos - start
+                    self._appended(head, padded)
+                    continue
+            seg.write_parts(start, [buf[at:at + pos - start]])
+            at += pos - start
+            self._appended(head, pos)
         return locs
 
     def read_chunk(self, loc: Location, chunk_id: bytes) -> memoryview:
@@ -380,26 +406,30 @@ class Log:
         with self._sync_lock:
             with self._lock:
                 todo = [(sid, self._open[sid]) for sid in self._unsynced if sid in self._open]
-                ends = {sid: (self._head_end if sid == self._head_id else self._ends.get(sid, 0)) for sid, _ in todo}
+                ends = {sid: self._ends.get(sid, 0) for sid, _ in todo}
                 self._unsynced.clear()
             for _sid, seg in todo:
                 seg.persist()
         return ends
 
-    def head_position(self) -> tuple[int, int]:
+    def head_positions(self) -> dict[int, int]:
+        """{segment: where its records end} of every head segment (those taking appends). Exact
+        while no append runs (gc and eviction ask under gc_lock alone; appends of chunks hold
+        it shared)."""
         with self._lock:
-            return self._head_id, self._head_end
+            return {h.seg_id: self._ends.get(h.seg_id, h.end) for h in self._heads if h.seg is not None}
 
     def close(self) -> dict[int, int]:
         """Sync, cut the head's unused preallocation, close every segment."""
         ends = self.sync()
         with self._lock:
-            if self._head is not None:
-                self._head.truncate(round_up(self._head_end))
+            for head in self._heads:
+                if head.seg is not None:
+                    head.seg.truncate(round_up(head.end))
+                    head.seg = None
             for seg in self._open.values():
                 seg.close()
             self._open.clear()
-            self._head = None
         if self.evicted is not None:
             self.evicted.close()
         return ends

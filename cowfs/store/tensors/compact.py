@@ -113,7 +113,7 @@ def _tensors(store: "BodyReading", todo: list[tuple[int, int, int]],
     for content_id, _size, _gen in todo:
         if stop is not None and stop():
             return None
-        with store.index.gc_lock:
+        with store.index.gc_lock.shared():
             loaded = store.catalog.read(lambda conn: extents_and_name(conn, content_id))
             if loaded is None:
                 continue

@@ -135,7 +135,7 @@ class Body:
     def run(self) -> bool:
         """False when stopped before the end (nothing changed)."""
         store = self.store
-        with store.index.gc_lock:
+        with store.index.gc_lock.shared():
             loaded = store.catalog.read(lambda conn: extents_and_name(conn, self.content_id))
             if loaded is None:
                 return True  # the body went meanwhile (its versions were deleted)
@@ -156,7 +156,7 @@ class Body:
                     self._store_batch(reader, batch)
             self._settle()
             store.log.sync()
-            with store.index.gc_lock:
+            with store.index.gc_lock.shared():
                 retired = store.catalog.write(self._commit, op="compact")
                 store.holds.retire(retired)
             self.report.recut += 1
@@ -173,7 +173,17 @@ class Body:
         """Append in the writer thread, after the appends before it are settled (one in flight);
         `done(locations)` runs in this thread once they are written."""
         self._settle()
-        self.appends.append((self.writer.submit(self.store.log.append_records, records), done))
+        self.appends.append((self.writer.submit(self._append_known, records), done))
+
+    def _append_known(self, records: list[tuple[bytes, bytes | memoryview, int, int]]) -> list[Location]:
+        """(writer thread) Append the records and register their locations under gc_lock, as
+        a write session's appends are: a gc running beside the compactor never sees a record
+        that is written but not yet known (it would punch it as garbage)."""
+        index = self.store.index
+        with index.gc_lock.shared():
+            locs = self.store.log.append_records(records)
+            index.add_locations([(r[0], loc) for r, loc in zip(records, locs)])
+        return locs
 
     def _settle(self) -> None:
         """Wait for the appends in flight and take their locations."""
@@ -253,7 +263,6 @@ class Body:
 
         def done(locs: list[Location]) -> None:
             for j, loc in zip(jobs, locs):
-                self.store.index.add_location(j.chunk, loc)
                 self.written[j.chunk] = loc
                 self.report.new_chunks += 1
                 self.report.new_stored_bytes += loc.stored_len
@@ -327,7 +336,6 @@ class Body:
 
         def done(locs: list[Location]) -> None:
             for (job, enc), loc in zip(good, locs):
-                self.store.index.add_location(job.target.chunk, loc)
                 self.switches.append(_Switch(job.target.cid, job.target.loc, loc, enc.base,
                                              job.target.loc.stored_len - loc.stored_len))
 

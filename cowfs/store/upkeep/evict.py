@@ -1,7 +1,7 @@
 """Evicting a segment whose records are safely in the bucket (the engine's half; the remote
 tier decides when and says where each record is: remote/evict.py).
 
-Under `gc_lock` (so no write registers records in it and gc does not run meanwhile), a sealed
+Under `gc_lock`, held alone (so no write registers records in it and gc does not run meanwhile), a sealed
 segment is evicted only when every chunk row in it
 
 * was committed by a generation whose catalog is in the bucket (`max_first_gen`), so the
@@ -44,12 +44,12 @@ Lookup = Callable[[list[bytes]], dict[bytes, list[BucketRecord]]]  # every recor
 
 
 def local_segments(store: "Evicting") -> list[tuple[int, int]]:
-    """(segment id, bytes it takes on the disk) of every segment file but the head's, oldest first."""
-    head_id, _ = store.log.head_position()
+    """(segment id, bytes it takes on the disk) of every segment file but the heads', oldest first."""
+    heads = store.log.head_positions()
     rows = store.catalog.read(lambda c: c.execute("SELECT seg_id FROM segments ORDER BY created_ns, seg_id").fetchall())
     out = []
     for (seg_id,) in rows:
-        if seg_id == head_id:
+        if seg_id in heads:
             continue
         try:
             st = segment_path(store.root, seg_id).stat()
@@ -68,7 +68,7 @@ _CURRENT_BYTES = (f"SELECT seg_id, sum(stored_len) FROM chunks WHERE cid IN ("
 
 def eviction_order(store: "Evicting") -> list[tuple[int, int, int]]:
     """(segment id, bytes on the disk, stored bytes of chunks the current tree reads) of every
-    segment file but the head's, in the order eviction takes them: first the segments only
+    segment file but the heads', in the order eviction takes them: first the segments only
     older versions and snapshots read (a resume reads the current tree, so they are the cold
     ones), oldest first; then the rest, those holding the fewest of the current tree's bytes
     first. A delta record's base is not counted (the compactor's deltas read a base too)."""
@@ -88,8 +88,7 @@ def evict_segment(store: "Evicting", seg_id: int, lookup: Lookup, max_first_gen:
     """Evict one segment; returns None when it is done, or why it is kept."""
     path = segment_path(store.root, seg_id)
     with store.maintenance, store.index.gc_lock:  # gc punches segments outside gc_lock: not meanwhile
-        head_id, _ = store.log.head_position()
-        if seg_id == head_id:
+        if seg_id in store.log.head_positions():
             return "it takes appends"
         if not path.exists():
             return "it has no local file"

@@ -1,12 +1,13 @@
 """Garbage collection: delete chunks no retained version references, punch their space.
 
-1. Under `gc_lock` (writers pin chunks and register appends under it), one
+1. Under `gc_lock`, held alone (writers pin chunks and append and register
+   records holding it shared, so none is doing so meanwhile), one
    catalog transaction deletes bodies no version references (unless an open
    reader holds them) and chunks no body references (unless pinned).
 2. Still under the lock, for every segment, the gaps between the records the
    catalog or an open session still uses are computed: dead chunks, and
-   garbage of writes a crash interrupted. The head segment is only considered
-   up to its append position.
+   garbage of writes a crash interrupted. Each head segment (those taking
+   appends) is only considered up to its append position.
 3. Outside the lock the gaps are punched (fallocate PUNCH_HOLE) and segments
    with nothing live left are deleted (row first, then the file; recovery
    deletes a file whose row is gone). Punching is idempotent, so a crash
@@ -79,7 +80,7 @@ def collect(store: "Collecting", progress: Callable[[int, int], None] | None = N
             return len(dead), sum(n for _, n in dead)
 
         n_dead, dead_bytes = store.catalog.write(fn, op="gc")
-        head_id, head_end = store.log.head_position()
+        heads = store.log.head_positions()
 
         def plan(conn):  # type: ignore[no-untyped-def]
             segs = conn.execute("SELECT seg_id, committed_end FROM segments ORDER BY seg_id").fetchall()
@@ -99,12 +100,12 @@ def collect(store: "Collecting", progress: Callable[[int, int], None] | None = N
             used = sorted([(off, record_span(n)) for off, n in live]
                           + [(off, _span_of(store, seg_id, off)) for off, _ in extra]
                           + [(off, record_span(n)) for s, off, n in retired if s == seg_id])
-            if seg_id == head_id:
-                limit = head_end
+            if seg_id in heads:
+                limit = heads[seg_id]
             else:
                 path = segment_path(store.root, seg_id)
                 limit = path.stat().st_size if path.exists() else 0  # 0: evicted (or missing), nothing to punch
-            if not used and seg_id != head_id:
+            if not used and seg_id not in heads:
                 empty.append(seg_id)
                 continue
             gaps: list[tuple[int, int]] = []
