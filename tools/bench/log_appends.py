@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from tools.harnessutil import run_in_tree
 
 from .docs import REPO
-from .session_stream import summary
+from .session_stream import TIMED_THREADS, arm_cells
 
-ARM = r"""
-import json, os, shutil, sys, tempfile, threading, time
+ARM = TIMED_THREADS + r"""
+import json, os, shutil, sys, tempfile
 from pathlib import Path
 from cowfs import _native
 from cowfs.store import Store
@@ -51,27 +50,14 @@ try:
             lengths, ids, _ = _native.cdc_hash_batch(CDC_PARAMS, [data], True)
             sizes = memoryview(lengths).cast("I").tolist()
             staged.append((_native.stage_records([data], lengths, ids, b"\1" * len(sizes)), sizes))
-        errors = []
 
         def appender(k):
             buf, sizes = staged[k]
-            try:
-                for _ in range(batches):
-                    with held():
-                        store.log.append_staged(buf, sizes)
-            except BaseException as e:
-                errors.append(e)
+            for _ in range(batches):
+                with held():
+                    store.log.append_staged(buf, sizes)
 
-        ts = [threading.Thread(target=appender, args=(k,)) for k in range(threads)]
-        t, c = time.monotonic(), time.process_time()
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join()
-        store.log.sync()
-        wall, cpu = time.monotonic() - t, time.process_time() - c
-        if errors:
-            raise errors[0]
+        wall, cpu = timed_threads(appender, threads, then=store.log.sync)
         done = batches * threads * BATCH / (1 << 30)
     finally:
         store.close()
@@ -93,10 +79,7 @@ def table(arms: list[Path], threads: list[int], runs: dict[tuple[int, int], list
     for t in threads:
         first = runs[(0, t)]
         for i, arm in enumerate(arms):
-            mine = runs[(i, t)]
-            ratio = statistics.median(r["gib_s"] / ref["gib_s"] for r, ref in zip(mine, first))
-            out.append(f"| {t} | {arm} | {summary([r['gib_s'] for r in mine])} | "
-                       f"{summary([r['cpu_s_per_gib'] for r in mine])} | {ratio:.2f} |")
+            out.append(f"| {t} | {arm} | {arm_cells(runs[(i, t)], first)} |")
     return out
 
 

@@ -25,8 +25,36 @@ from tools.harnessutil import run_in_tree
 
 from .docs import REPO
 
-ARM = r"""
-import json, os, shutil, sys, tempfile, threading, time
+# defined in every arm script that runs threads (log_appends.py's too): fn(k) on n threads at
+# once, then `then()`; returns (wall s, process CPU s), and raises the first thread's error
+TIMED_THREADS = r"""
+import threading, time
+
+
+def timed_threads(fn, n, then=lambda: None):
+    errors = []
+
+    def run(k):
+        try:
+            fn(k)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    t, c = time.monotonic(), time.process_time()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    then()
+    wall, cpu = time.monotonic() - t, time.process_time() - c
+    if errors:
+        raise errors[0]
+    return wall, cpu
+"""
+
+ARM = TIMED_THREADS + r"""
+import json, os, shutil, sys, tempfile
 from pathlib import Path
 from cowfs.store import ROOT_INO, Store
 mib, work, streams = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -38,27 +66,15 @@ try:
         data = memoryview(os.urandom(mib << 20))
         per = (len(data) // streams) & ~((1 << 20) - 1)
         inos = [store.create(ROOT_INO, b"f%d" % k).ino for k in range(streams)]
-        errors = []
 
         def stream(k):
-            try:
-                part = data[k * per:(k + 1) * per] if k < streams - 1 else data[k * per:]
-                with store.open_session(inos[k]) as s:
-                    for i in range(0, len(part), 1 << 20):
-                        s.write(i, part[i:i + (1 << 20)], borrow=True)
-                    s.commit()
-            except BaseException as e:
-                errors.append(e)
+            part = data[k * per:(k + 1) * per] if k < streams - 1 else data[k * per:]
+            with store.open_session(inos[k]) as s:
+                for i in range(0, len(part), 1 << 20):
+                    s.write(i, part[i:i + (1 << 20)], borrow=True)
+                s.commit()
 
-        threads = [threading.Thread(target=stream, args=(k,)) for k in range(streams)]
-        t, c = time.monotonic(), time.process_time()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall, cpu = time.monotonic() - t, time.process_time() - c
-        if errors:
-            raise errors[0]
+        wall, cpu = timed_threads(stream, streams)
     finally:
         store.close()
 finally:
@@ -80,10 +96,15 @@ def table(arms: list[Path], runs: list[list[dict[str, float]]]) -> list[str]:
     its speed over the first arm's in the same repetition."""
     out = ["| arm | GiB/s | process CPU s per GiB | speed / first arm (median) |", "| --- | --- | --- | --- |"]
     for arm, mine in zip(arms, runs):
-        ratio = statistics.median(r["gib_s"] / ref["gib_s"] for r, ref in zip(mine, runs[0]))
-        out.append(f"| {arm} | {summary([r['gib_s'] for r in mine])} | "
-                   f"{summary([r['cpu_s_per_gib'] for r in mine])} | {ratio:.2f} |")
+        out.append(f"| {arm} | {arm_cells(mine, runs[0])} |")
     return out
+
+
+def arm_cells(mine: list[dict[str, float]], first: list[dict[str, float]]) -> str:
+    """An arm's cells: GiB/s and CPU s per GiB (median [min-max]), and the median of its speed
+    over the first arm's (`first`) in the same repetition."""
+    ratio = statistics.median(r["gib_s"] / ref["gib_s"] for r, ref in zip(mine, first))
+    return f"{summary([r['gib_s'] for r in mine])} | {summary([r['cpu_s_per_gib'] for r in mine])} | {ratio:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
