@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from tools.bench.ctxmodel import TABLE_BITS, adaptive_bits, cond_bits, delta_bits, fields, layout
+from tools.bench.ctxmodel import (TABLE_BITS, VALUE_ESCAPE, adaptive_bits, cond_bits, delta_bits, delta_value_bits,
+                                  fields, layout)
 
 
 def test_cond_bits_is_the_entropy_per_context_plus_the_tables():
@@ -33,6 +34,20 @@ def test_a_delta_of_equal_pieces_costs_only_its_table():
     assert delta_bits(x, x, "BF16") <= 40 * TABLE_BITS  # one symbol (length 0) in each context used
     y = x + rng.integers(-3, 4, x.size)  # log2(7) = 2.8 bits of difference per element, and tables
     assert 2.8 * x.size < delta_bits(x, y, "BF16") < 8 * x.size
+
+
+def test_the_delta_value_model_prices_runs_and_small_values_and_escapes_the_rest():
+    rng = np.random.default_rng(3)
+    x = rng.integers(0x3000, 0x4000, 8192).astype(np.int64)
+    y = x.copy()
+    y[::16] += 1  # a run of 15 unchanged elements, then a difference of one: z = 1
+    value = delta_value_bits(x, y, "BF16", adaptive=True)
+    assert value < delta_bits(x, y, "BF16", adaptive=True)
+    # entropy of the two symbols by context (after z = 1, z = 0 for sure; after 0, 1 in 15)
+    assert value < 8192 / 16 * 15 * (-(1 / 15) * math.log2(1 / 15) - (14 / 15) * math.log2(14 / 15)) + 200
+    # differences at and past the escape cost their bit length and the bits below the leading one
+    far = x + VALUE_ESCAPE  # d = -64: z = 127, length 7, 6 bits below
+    assert 6 * x.size <= delta_value_bits(x, far, "BF16") <= 6 * x.size + 40 * TABLE_BITS
 
 
 def test_layout_takes_the_smallest_allowed_and_keyframes_use_no_newer_version():

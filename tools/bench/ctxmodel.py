@@ -21,6 +21,12 @@ newest is priced:
     delta given newer  d = x - newer as integers of the element size, zigzag; its bit length
                        | (newer's exponent, the bit length of the element before), then
                        the bits below the leading one as they are;
+    delta value        d as above, but z itself is the symbol when below VALUE_ESCAPE (an
+      given newer      escape symbol, then the bit length and the bits below its leading one,
+                       as above, for the rest) | (newer's exponent, the bit length of the
+                       element before, both capped): the exact small differences and the
+                       runs of unchanged elements (z = 0 after z = 0) that Blosc2's LZ stage
+                       takes whole and the bit-length model prices bit by bit;
     whole given m      for exp_avg_sq: sign+exponent | the exponent of exp_avg (the bound
                        read the other way); priced per piece only: a layout cannot code m
                        given v and v given m at once, and the layouts below use m given v.
@@ -60,7 +66,8 @@ TABLE_BITS = 24  # a used (context, symbol) cell of a static table: the symbol a
 FLOAT_DTYPES = {"BF16": (2, 8, 7, 0), "F16": (2, 5, 7, 3), "F32": (4, 8, 7, 16)}  # bytes, exp bits, modelled mantissa, raw bits
 ID_BYTES = 32  # a delta names its base
 PRICED = ("engine whole", "engine delta", "whole order 0", "whole given v", "whole given m", "whole given newer",
-          "delta given newer")  # each context model also as "... adaptive"
+          "delta given newer", "delta value given newer")
+VALUE_ESCAPE = 64  # "delta value given newer": zigzag differences below this are symbols of their own  # each context model also as "... adaptive"
 _LGAMMA = np.frompyfunc(math.lgamma, 1, 1)
 
 
@@ -131,6 +138,27 @@ def delta_bits(x: np.ndarray, newer: np.ndarray, dtype: str, adaptive: bool = Fa
     return (adaptive_bits if adaptive else cond_bits)(length, np.clip(e - int(e.min()), 0, 31) * 33 + before) + below
 
 
+def delta_value_bits(x: np.ndarray, newer: np.ndarray, dtype: str, adaptive: bool = False) -> float:
+    """d = x - newer, zigzag z: z as a symbol of its own below VALUE_ESCAPE, else the escape
+    and then its bit length (one symbol, order 0) and the bits below its leading one; the
+    symbol | (newer's exponent, capped at 15 above the piece's least, and the bit length of
+    the element before, capped at 7)."""
+    d = x - newer
+    z = np.where(d >= 0, 2 * d, -2 * d - 1)
+    length = np.zeros_like(z)
+    nz = z > 0
+    length[nz] = np.floor(np.log2(z[nz])).astype(np.int64) + 1
+    big = z >= VALUE_ESCAPE
+    sym = np.where(big, VALUE_ESCAPE, z)
+    _, _, e = fields(newer, dtype)
+    before = np.minimum(np.concatenate([[0], length[:-1]]), 7)
+    bits = adaptive_bits if adaptive else cond_bits
+    cost = bits(sym, np.clip(e - int(e.min()), 0, 15) * 8 + before)
+    if big.any():
+        cost += bits(length[big]) + float((length[big] - 1).sum())
+    return cost
+
+
 def piece_costs(series: list[Version]) -> dict[str, Any]:
     """Per version (but the newest) and float piece: bytes under each model (None: not allowed)."""
     out: list[list[dict[str, Any]]] = []
@@ -166,6 +194,7 @@ def piece_costs(series: list[Version]) -> dict[str, Any]:
                 for suffix, adaptive in (("", False), (" adaptive", True)):
                     row["whole given newer" + suffix] = whole_bits(x, p.dtype, fields(y, p.dtype)[0], adaptive) / 8 + ID_BYTES
                     row["delta given newer" + suffix] = delta_bits(x, y, p.dtype, adaptive) / 8 + ID_BYTES
+                    row["delta value given newer" + suffix] = delta_value_bits(x, y, p.dtype, adaptive) / 8 + ID_BYTES
             row["key"] = list(_key(p))
             rows.append(row)
         out.append(rows)
@@ -205,7 +234,8 @@ def layout(costs: dict[str, Any], k: int, context: bool, adaptive: bool = False)
             if context:
                 for s in suffixes:
                     whole += [row.get("whole order 0" + s), row.get("whole given v" + s)]
-                    delta += [row.get("whole given newer" + s), row.get("delta given newer" + s)]
+                    delta += [row.get("whole given newer" + s), row.get("delta given newer" + s),
+                              row.get("delta value given newer" + s)]
             allowed = whole + ([] if keyframe else delta)
             cost = 0 if row.get("dup") else min(c for c in allowed if c is not None)
             totals[row["category"]] = totals.get(row["category"], 0.0) + cost
