@@ -3,21 +3,13 @@ lock's own counters), never on sleeps."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from cowfs.store.data.gc_lock import GcLock
+from tests.support.consumerutil import wait_for
 
-WAIT = 10.0  # seconds a step may take before the test fails (a busy CI machine)
-
-
-def _until(what, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError("the condition did not come true in time")
-        time.sleep(0.001)  # polling a condition (the lock's counters), not waiting for time to pass
+WAIT = 60.0  # seconds a step may take before the test fails (a busy CI machine)
 
 
 def _thread(fn) -> threading.Thread:
@@ -58,9 +50,9 @@ def test_gc_waits_for_the_writers_and_writers_wait_for_gc() -> None:
             in_gc.set()
 
     w = _thread(writer)
-    _until(lambda: order == ["writer in"])
+    wait_for("the writer in", lambda: order == ["writer in"])
     g = _thread(gc)
-    _until(lambda: lock._waiting == 1)
+    wait_for("gc waiting", lambda: lock._waiting == 1)
     assert not in_gc.is_set()
     release_writer.set()
     g.join(WAIT)
@@ -71,7 +63,7 @@ def test_gc_waits_for_the_writers_and_writers_wait_for_gc() -> None:
     got = threading.Event()
     with lock:
         t = _thread(lambda: (lock.acquire_shared(), got.set(), lock.release_shared()))
-        _until(lambda: t.is_alive())
+        wait_for("the writer started", t.is_alive)
         assert not got.wait(0.05)  # still held alone: the writer cannot be in
     t.join(WAIT)
     assert got.is_set()
@@ -98,9 +90,9 @@ def test_a_waiting_gc_goes_before_new_writers_but_not_before_a_writer_already_in
             steps.append("gc")
 
     a = _thread(first_writer)
-    _until(lambda: steps == ["in"])
+    wait_for("the first writer in", lambda: steps == ["in"])
     g = _thread(gc)
-    _until(lambda: lock._waiting == 1)
+    wait_for("gc waiting", lambda: lock._waiting == 1)
     late = _thread(late_writer)
     release.set()
     for t in (a, g, late):
