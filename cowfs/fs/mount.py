@@ -226,6 +226,13 @@ HEAP_BELOW = 32 << 20
 KEEP_FREED = 128 << 20
 
 
+# numpy's OpenBLAS starts a thread per core when numpy is first imported (the first read or
+# write that decodes or encodes), and they spin for a while: 0.13 CPU s, 12% of the first read
+# of an old checkpoint through a new mount on 2 cores, more with more cores. The daemon never
+# multiplies matrices.
+BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+
+
 def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_other: bool,
                auto_snapshot: float | None, debug: bool = False, ready_fd: int | None = None,
                writeback_cache: bool | None = None, compact_idle: float | None = None,
@@ -234,6 +241,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
     """Open the store, mount, serve until unmounted or signalled. Reports readiness on ready_fd.
     `writeback_cache` None: CowfsOperations' default. `vfs_options`: kernel mount flags for
     libfuse (nosuid, noexec, noatime ...: mount.cowfs passes those of an fstab line)."""
+    os.environ.setdefault(BLAS_THREADS_ENV, "1")  # (before numpy is imported: tests/engine/test_daemon_blas.py)
     keep_freed_memory(HEAP_BELOW, KEEP_FREED)
     sys.setswitchinterval(gil_switch_interval(os.environ))
     store = Store.open(store_path, workers=workers, pack_reader=service_remote.pack_reader)
@@ -249,6 +257,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
             ops = CowfsOperations(store)
         if writeback_cache is not None:
             ops.enable_writeback_cache = writeback_cache
+        store.load_decoders()  # before the mount is live: beside the first reads, the imports would slow them
         options = set(pyfuse3.default_options)
         # libfuse splits options at commas: a comma in the path is escaped with a backslash
         options |= {f"fsname={FSNAME_PREFIX}{store.root}".replace("\\", "\\\\").replace(",", "\\,"), "subtype=cowfs"}

@@ -36,6 +36,7 @@ from .data.index import ChunkIndex
 from .data.reader import WINDOW_BUFFER, FileReader
 from .data.session import SessionHandle, WriteSession
 from .log.buffers import window_pool
+from .log.codecs import load_libraries as load_codec_libraries
 from .log.evicted import EvictedSegments, PackReader
 from .log.heads import MOST_HEADS
 from .log.layout import (
@@ -77,7 +78,7 @@ class Store(TreeChanges):
             raise
         # a head segment per worker (up to 8): appends running at once write different files
         log = Log(root, config, self._new_segment_id, heads=min(MOST_HEADS, workers or os.cpu_count() or 2))
-        log.locate = self._locate_chunk
+        log.locate, log.locate_many = self._locate_chunk, self._locate_chunks
         log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
         self._serve(root, config, lock_fd, catalog, log, workers)
         self.recovered_bytes = recovered
@@ -185,8 +186,15 @@ class Store(TreeChanges):
 
     def _locate_chunk(self, chunk_id: bytes) -> Location | None:
         """Where the catalog has chunk `chunk_id` (a delta's base, found while decoding)."""
-        row = self.catalog.read(lambda c: c.execute(f"SELECT {LOCATION_COLS} FROM chunks WHERE hash=?", (chunk_id,)).fetchone())
-        return None if row is None else location(*row)
+        return self._locate_chunks([chunk_id]).get(chunk_id)
+
+    def _locate_chunks(self, chunk_ids: list[bytes]) -> dict[bytes, Location]:
+        """Where the catalog has each of these chunks (those it has), in one query per 500."""
+        def fn(conn):  # type: ignore[no-untyped-def]
+            return [row for k in range(0, len(chunk_ids), 500) for row in conn.execute(
+                f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE hash IN ({','.join('?' * len(chunk_ids[k:k + 500]))})",
+                chunk_ids[k:k + 500])]
+        return {bytes(h): location(*rest) for h, *rest in self.catalog.read(fn)}
 
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
@@ -292,7 +300,7 @@ class Store(TreeChanges):
         """A reader of a body's extents (the caller holds the body: holds.py)."""
         return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
                           prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
-                          decode=self.log.decode_into)
+                          decode=self.log.decode_many)
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
@@ -469,6 +477,12 @@ class Store(TreeChanges):
 
     def physical_bytes(self) -> int:
         return physical_bytes(self.root)
+
+    def load_decoders(self) -> None:
+        """Import the decoders' libraries now if any body was compacted (its reads decode): numpy
+        and Blosc2 take 0.5 CPU s to import, which the first read of an encoded record pays else."""
+        if self.catalog.read(lambda c: c.execute("SELECT 1 FROM contents WHERE compacted = 1 LIMIT 1").fetchone()):
+            load_codec_libraries()
 
     def stats(self) -> dict[str, float | int]:
         return report(self.catalog.read(catalog_stats), self.physical_bytes())

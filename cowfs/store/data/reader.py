@@ -27,9 +27,9 @@ from typing import Callable, Iterator
 
 from ... import _native
 from ...errors import CorruptData
-from ..log.buffers import BufferPool
+from ..log.buffers import BufferPool, uninitialised
 from ..log.log import Location
-from ..log.records import MAX_PAYLOAD
+from ..log.records import MAX_PAYLOAD, MAX_RUN
 from .content import Extent, VersionId, find_extent
 from .spans import range_spans, widen, zero_fill
 
@@ -38,14 +38,13 @@ from .spans import range_spans, widen, zero_fill
 ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], list[int]]
 CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BLAKE3(data) == id
 # decode(chunk id, location, payload, dest): an encoded record's raw bytes into dest, not yet verified
-Decode = Callable[[bytes, Location, memoryview, memoryview], None]
+Decode = Callable[[list[tuple[bytes, Location, memoryview, memoryview]]], None]  # Log.decode_many
 Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
 Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
 
 WINDOW = 4 << 20  # bytes of a window (the kernel sends READs of up to 1 MiB)
 AHEAD = 2  # windows loaded ahead of the one being read
 INTO_AHEAD = 8  # spans of read_into the device is asked to read before they are loaded
-MAX_RUN = 256  # records per read_run (3 buffers each, within one preadv's 1024)
 
 
 WINDOW_BUFFER = WINDOW + (1 << 20)  # a pooled window buffer: a window plus the chunks straddling its borders
@@ -437,8 +436,9 @@ def read_window(extents: list[Extent], starts: list[int], size: int, read_run: R
         pos = e.end
     if top > pos:
         zero_fill(buf, pos - base, top - base)
+    encoded: list[tuple[Extent, memoryview]] = []
     for seg, at, _n, run in record_runs(exts):
-        payloads = [memoryview(bytearray(e.loc.stored_len)) if e.loc.encoded else buf[e.offset - base:e.end - base]  # type: ignore[union-attr]
+        payloads = [uninitialised(e.loc.stored_len) if e.loc.encoded else buf[e.offset - base:e.end - base]  # type: ignore[union-attr]
                     for e in run]
         crcs = read_run(seg, at, [(e.chunk, p) for e, p in zip(run, payloads)], False)  # type: ignore[misc]
         table = b"".join(_CRC_SPAN.pack(e.offset - base, e.length, crc, 0)
@@ -449,11 +449,12 @@ def read_window(extents: list[Extent], starts: list[int], size: int, read_run: R
                 e = [e for e in run if not e.loc.encoded][bad]  # type: ignore[union-attr]
                 raise CorruptData(f"chunk {e.chunk.hex()[:16]}: payload checksum mismatch "  # type: ignore[union-attr]
                                   f"(segment {seg}, offset {e.loc.offset})")  # type: ignore[union-attr]
-        for e, p in zip(run, payloads):
-            if e.loc.encoded:  # type: ignore[union-attr]
-                if decode is None:
-                    raise CorruptData(f"chunk {e.chunk.hex()[:16]}: encoded, and this reader cannot decode")  # type: ignore[union-attr]
-                dest = buf[e.offset - base:e.end - base]
-                decode(e.chunk, e.loc, p, dest)  # type: ignore[arg-type]
-                check(e.chunk, dest)  # type: ignore[arg-type]
+        encoded += [(e, p) for e, p in zip(run, payloads) if e.loc.encoded]  # type: ignore[union-attr]
+    if encoded:  # decoded together: their delta bases are found and read a level at a time (chains.py)
+        if decode is None:
+            raise CorruptData(f"chunk {encoded[0][0].chunk.hex()[:16]}: encoded, and this reader cannot decode")  # type: ignore[union-attr]
+        items = [(e.chunk, e.loc, p, buf[e.offset - base:e.end - base]) for e, p in encoded]
+        decode(items)  # type: ignore[arg-type]
+        for chunk, _loc, _p, dest in items:
+            check(chunk, dest)  # type: ignore[arg-type]
     return Window(base, buf)

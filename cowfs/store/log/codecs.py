@@ -46,6 +46,13 @@ _blosc2_module: Any = None  # imported at first use, as numpy is in the function
 # CLI's commands import the store without encoding or decoding anything (0.05 s of start-up)
 
 
+def load_libraries() -> None:
+    """Import what decoding needs (numpy, Blosc2), so that a first decode does not wait for it."""
+    import numpy  # noqa: F401
+
+    _blosc2()
+
+
 def _blosc2() -> Any:
     """Blosc2, imported at first use: it costs ~0.25 s of CPU (it pulls in httpx and rich), which
     every `cowfs` command would pay otherwise. Compression and decompression release the GIL

@@ -17,12 +17,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator
 
 import blake3
 
 from ...errors import CorruptData, CowfsError, NoSpace
-from .codecs import MAX_CHAIN, decode_into
+from .chains import Item, LocateMany, decode_batch
 from .buffers import staging_pool
 from .device import DirectFileSegment, FileSegment, round_up
 from .pmem import PmemSegment
@@ -38,32 +38,9 @@ from .records import (
     decode_record_header,
     encode_segment_header,
     record_parts,
+    Location,
     record_span,
 )
-
-
-class Location(NamedTuple):
-    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py). A
-    NamedTuple: made once per chunk with the GIL held (see content.Extent)."""
-
-    seg_id: int
-    offset: int
-    stored_len: int
-    codec: int = CODEC_RAW
-    raw_len: int | None = None  # None: a raw record (raw_len = stored_len)
-
-    @property
-    def span(self) -> int:
-        return record_span(self.stored_len)
-
-    @property
-    def length(self) -> int:
-        """Bytes of the chunk itself (what an extent of it covers)."""
-        return self.stored_len if self.raw_len is None else self.raw_len
-
-    @property
-    def encoded(self) -> bool:
-        return self.codec != CODEC_RAW
 
 
 # the chunks columns a Location is built from (Location(*row) after any leading columns)
@@ -114,6 +91,7 @@ class Log:
         self._unsynced: set[int] = set()
         self._ends: dict[int, int] = {}  # where the records appended so far end, per segment
         self.locate: Callable[[bytes], Location | None] | None = None  # a chunk id's catalog location (Store sets it)
+        self.locate_many: LocateMany | None = None  # the same for many ids, in one query (Store sets it)
         self.evicted: EvictedSegments | None = None  # segments kept only in the bucket (Store sets it)
         self._use_lock = threading.Lock()  # reads in flight per segment, so an evicted file closes after them
         self._readers: Counter[int] = Counter()
@@ -326,28 +304,24 @@ class Log:
         self.decode_into(chunk_id, loc, payload, dest)
         return dest
 
-    def decode_into(self, chunk_id: bytes, loc: Location, payload: memoryview, dest: memoryview,
-                    depth: int = 1) -> None:
+    def decode_into(self, chunk_id: bytes, loc: Location, payload: memoryview, dest: memoryview) -> None:
         """Decode an encoded record's payload into `dest` (not yet verified against
-        `chunk_id`: the caller checks it). A delta's bases are found with `locate`, read and
-        decoded, at most MAX_CHAIN records deep; they are not verified one by one: a wrong
-        base makes the result wrong, which the caller's check of the result catches."""
-        def base_raw(base_id: bytes) -> bytes | memoryview:
-            if depth >= MAX_CHAIN:
-                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: delta chain longer than {MAX_CHAIN} records")
-            if self.locate is None:
-                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: no catalog to find its base in")
-            base_loc = self.locate(base_id)
-            if base_loc is None:
-                raise CorruptData(f"chunk {chunk_id.hex()[:16]}: its delta base {base_id.hex()[:16]} is missing")
-            base = self.read_payload(base_loc, base_id)
-            if not base_loc.encoded:
-                return base
-            out = memoryview(bytearray(base_loc.length))
-            self.decode_into(base_id, base_loc, base, out, depth + 1)
-            return out
+        `chunk_id`: the caller checks it); see decode_many."""
+        self.decode_many([(chunk_id, loc, payload, dest)])
 
-        decode_into(loc.codec, payload, dest, base_raw)
+    def decode_many(self, items: list[Item]) -> None:
+        """Decode encoded records' payloads, each into its dest (not yet verified: the caller
+        checks each against its chunk id). A delta's bases are found with `locate_many` (or
+        `locate`), read and decoded a level of the batch's chains at a time (chains.py), at
+        most MAX_CHAIN records deep."""
+        decode_batch(items, self.read_run, self._locate_many)
+
+    def _locate_many(self, chunk_ids: list[bytes]) -> dict[bytes, Location]:
+        if self.locate_many is not None:
+            return self.locate_many(chunk_ids)
+        if self.locate is None:
+            raise CorruptData(f"chunk {chunk_ids[0].hex()[:16]}: no catalog to find it in (a delta base)")
+        return {cid: loc for cid in chunk_ids if (loc := self.locate(cid)) is not None}
 
     def will_need(self, seg_id: int, offset: int, length: int) -> None:
         """A hint that these bytes of a segment will be read soon (the device may start reading)."""

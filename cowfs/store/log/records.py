@@ -36,7 +36,7 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from ... import _native
 
@@ -215,3 +215,30 @@ def scan_records(buf: "bytes | mmap.mmap", start: int = DATA_START, end: int | N
         off = stop
     if bad_start is not None:
         yield ScannedRecord(bad_start, None, end - bad_start, False)
+
+
+class Location(NamedTuple):
+    """Where one chunk record lives, and how its payload encodes the chunk (codecs.py). A
+    NamedTuple: made once per chunk with the GIL held (see content.Extent)."""
+
+    seg_id: int
+    offset: int
+    stored_len: int
+    codec: int = CODEC_RAW
+    raw_len: int | None = None  # None: a raw record (raw_len = stored_len)
+
+    @property
+    def span(self) -> int:
+        return record_span(self.stored_len)
+
+    @property
+    def length(self) -> int:
+        """Bytes of the chunk itself (what an extent of it covers)."""
+        return self.stored_len if self.raw_len is None else self.raw_len
+
+    @property
+    def encoded(self) -> bool:
+        return self.codec != CODEC_RAW
+
+
+MAX_RUN = 256  # records per read of a run of them (3 buffers each, within one preadv's 1024)
