@@ -30,7 +30,7 @@ from .catalog.schema import KIND_FILE
 from .catalog.snapshots import Snapshot
 from .data.batch_threads import BatchThreads, named_pool
 from .data.commit import commit_version, version_events
-from .data.content import Extent, VersionId, load_extents
+from .data.content import Extent, VersionId, any_compacted, chunk_locations, load_extents
 from .data.holds import Holds
 from .data.index import ChunkIndex
 from .data.reader import WINDOW_BUFFER, FileReader
@@ -51,7 +51,7 @@ from .log.layout import (
     take_lock,
     write_config,
 )
-from .log.log import LOCATION_COLS, Location, Log, check_chunk, location
+from .log.log import Location, Log, check_chunk
 from .recovery import SPILL_DIR, check_ownership, recover
 from .tree import TreeChanges
 from .upkeep.diff import DiffReport, compare
@@ -189,12 +189,7 @@ class Store(TreeChanges):
         return self._locate_chunks([chunk_id]).get(chunk_id)
 
     def _locate_chunks(self, chunk_ids: list[bytes]) -> dict[bytes, Location]:
-        """Where the catalog has each of these chunks (those it has), in one query per 500."""
-        def fn(conn):  # type: ignore[no-untyped-def]
-            return [row for k in range(0, len(chunk_ids), 500) for row in conn.execute(
-                f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE hash IN ({','.join('?' * len(chunk_ids[k:k + 500]))})",
-                chunk_ids[k:k + 500])]
-        return {bytes(h): location(*rest) for h, *rest in self.catalog.read(fn)}
+        return self.catalog.read(lambda conn: chunk_locations(conn, chunk_ids))
 
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
@@ -481,7 +476,7 @@ class Store(TreeChanges):
     def load_decoders(self) -> None:
         """Import the decoders' libraries now if any body was compacted (its reads decode): numpy
         and Blosc2 take 0.5 CPU s to import, which the first read of an encoded record pays else."""
-        if self.catalog.read(lambda c: c.execute("SELECT 1 FROM contents WHERE compacted = 1 LIMIT 1").fetchone()):
+        if self.catalog.read(any_compacted):
             load_codec_libraries()
 
     def stats(self) -> dict[str, float | int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from ...errors import CorruptData
-from ..log.log import Location, location
+from ..log.log import LOCATION_COLS, Location, location
 
 
 class Extent(NamedTuple):
@@ -100,3 +100,19 @@ class ChunkCache:
         else:
             self._items.move_to_end(chunk)
         return data
+
+
+def chunk_locations(conn: sqlite3.Connection, chunk_ids: list[bytes]) -> dict[bytes, Location]:
+    """Where the catalog has each of these chunks (those it has), in one query per 500 ids."""
+    out: dict[bytes, Location] = {}
+    for k in range(0, len(chunk_ids), 500):
+        part = chunk_ids[k:k + 500]
+        for h, *rest in conn.execute(f"SELECT hash, {LOCATION_COLS} FROM chunks WHERE hash IN ({','.join('?' * len(part))})",
+                                     part):
+            out[bytes(h)] = location(*rest)
+    return out
+
+
+def any_compacted(conn: sqlite3.Connection) -> bool:
+    """Whether the compactor has made any body (whose reads decode)."""
+    return conn.execute("SELECT 1 FROM contents WHERE compacted = 1 LIMIT 1").fetchone() is not None
