@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.store.catalog.db import Catalog, Txn, create_catalog
+from cowfs.store.catalog import db as db_module
+from cowfs.store.catalog.db import PROTOCOL_TRIES, Catalog, Txn, create_catalog
 
 
 @pytest.fixture
@@ -268,3 +269,36 @@ def test_a_submitted_change_commits_lazily_and_outcome_maps_its_errors(catalog: 
 def wait(fut):  # type: ignore[no-untyped-def]
     fut.exception(timeout=60)
     return fut
+
+
+def test_a_new_catalog_is_made_again_when_sqlite_gives_up_a_wal_lock(tmp_path, monkeypatch):
+    """SQLITE_PROTOCOL ("locking protocol") from a new catalog's COMMIT on a loaded machine:
+    the half-made file is removed and the catalog made again; other errors are not retried."""
+    real_connect = sqlite3.connect
+    failures = {"left": 2, "seen": 0}
+
+    class Loaded(sqlite3.Connection):
+        def execute(self, sql, *args):  # type: ignore[no-untyped-def, override]
+            if sql == "COMMIT" and failures["left"]:
+                failures["left"] -= 1
+                failures["seen"] += 1
+                e = sqlite3.OperationalError("locking protocol")
+                e.sqlite_errorcode = sqlite3.SQLITE_PROTOCOL  # type: ignore[attr-defined]
+                raise e
+            return super().execute(sql, *args)
+
+    monkeypatch.setattr(db_module.sqlite3, "connect", lambda *a, **k: real_connect(*a, factory=Loaded, **k))
+    path = tmp_path / "catalog.db"
+    create_catalog(path, str(uuid.uuid4()))
+    monkeypatch.setattr(db_module.sqlite3, "connect", real_connect)
+    assert failures["seen"] == 2
+    cat = Catalog(path)
+    try:
+        assert cat.read(lambda c: c.execute("SELECT COUNT(*) FROM inodes").fetchone()[0]) == 1  # the root, once
+    finally:
+        cat.close()
+
+    failures["left"] = PROTOCOL_TRIES  # every try fails: the error is the caller's
+    monkeypatch.setattr(db_module.sqlite3, "connect", lambda *a, **k: real_connect(*a, factory=Loaded, **k))
+    with pytest.raises(sqlite3.OperationalError, match="locking protocol"):
+        create_catalog(tmp_path / "other.db", str(uuid.uuid4()))

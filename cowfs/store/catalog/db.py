@@ -101,7 +101,26 @@ def one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str, d
     return result
 
 
+# SQLite gives up on a WAL lock it could not take in ~100 tries as SQLITE_PROTOCOL ("locking
+# protocol"), which a loaded machine can cause with no other process about (a new catalog's
+# COMMIT failed so once in CI, on 2 cores kept busy): the documented answer is to try again
+PROTOCOL_TRIES = 5
+
+
 def create_catalog(path: Path, store_uuid: str) -> None:
+    """A new catalog file at `path` (nothing there yet): the schema and the root directory."""
+    for attempt in range(1, PROTOCOL_TRIES + 1):
+        try:
+            _create_catalog(path, store_uuid)
+            return
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_PROTOCOL or attempt == PROTOCOL_TRIES:
+                raise
+            for suffix in ("", "-wal", "-shm"):  # a half-made catalog: start it again
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _create_catalog(path: Path, store_uuid: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
