@@ -169,6 +169,30 @@ def test_blosc2_is_loaded_at_first_use_with_the_gil_released():
     assert blosc2.set_releasegil(True) is True  # the previous setting: the engine's first use set it
 
 
+def _waits_of_decoding(monkeypatch, threads: int) -> int:  # type: ignore[no-untyped-def]
+    """This thread's voluntary context switches while it decodes 20 grouped pieces of 1 MiB."""
+    import resource
+
+    from cowfs.store.log import codecs
+
+    monkeypatch.setattr(codecs, "DECODE_THREADS", threads)
+    raw = weights(1 << 18, 9).tobytes()
+    enc = encode_whole(raw, 4)
+    assert enc.codec == CODEC_GROUPED
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    for _ in range(20):
+        assert bytes(decode(enc.codec, enc.payload, len(raw), lambda _i: b"")) == raw
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+
+
+def test_decoding_starts_no_blosc2_threads(monkeypatch) -> None:
+    """Blosc2 would start and join a thread per core in every call (2.8x the CPU with 16)."""
+    from cowfs.store.log import codecs
+
+    assert _waits_of_decoding(monkeypatch, codecs.DECODE_THREADS) < 5
+    assert _waits_of_decoding(monkeypatch, 2) >= 20  # with threads of its own, each call waits for them
+
+
 def test_a_float_piece_takes_the_float_delta_and_decodes_exactly() -> None:
     old = weights(1 << 18, 4)
     new = old + np.random.default_rng(5).normal(0, 1e-4, old.shape).astype(np.float32)
