@@ -29,7 +29,7 @@ from ..store.catalog.events import Event
 from ..store.catalog.snapshots import Snapshot
 from ..store.data.index import ChunkIndex
 from ..store.log.layout import StoreConfig
-from ..store.log.log import Location, Log
+from ..store.log.log import Log
 from ..store.store import Store
 from .s3 import Bucket, MissingObject
 
@@ -349,9 +349,6 @@ class Replica(Store):
 
     def catalog_paths(self) -> set[Path]:
         return {self.catalog.path, *(c.path for c in self._old_catalogs)}
-
-    def _locate_chunk(self, chunk_id: bytes) -> Location | None:
-        return self.log.locate(chunk_id) if self.log.locate else None
 
     def open_session(self, ino: int):  # type: ignore[no-untyped-def, override]
         raise ReadOnly("a replica of a remote store is read-only")

@@ -33,7 +33,7 @@ from .data.commit import commit_version, version_events
 from .data.content import Extent, VersionId, any_compacted, chunk_locations, load_extents
 from .data.holds import Holds
 from .data.index import ChunkIndex
-from .data.reader import WINDOW_BUFFER, FileReader
+from .data.reader import MOST_AHEAD, WINDOW_BUFFER, FileReader
 from .data.session import SessionHandle, WriteSession
 from .log.buffers import window_pool
 from .log.codecs import load_libraries as load_codec_libraries
@@ -78,7 +78,7 @@ class Store(TreeChanges):
             raise
         # a head segment per worker (up to 8): appends running at once write different files
         log = Log(root, config, self._new_segment_id, heads=min(MOST_HEADS, workers or os.cpu_count() or 2))
-        log.locate, log.locate_many = self._locate_chunk, self._locate_chunks
+        log.locate_many = lambda ids: self.catalog.read(lambda conn: chunk_locations(conn, ids))  # delta bases
         log.evicted = EvictedSegments(root, pack_reader)  # reads of segments kept only in the bucket
         self._serve(root, config, lock_fd, catalog, log, workers)
         self.recovered_bytes = recovered
@@ -184,13 +184,6 @@ class Store(TreeChanges):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _locate_chunk(self, chunk_id: bytes) -> Location | None:
-        """Where the catalog has chunk `chunk_id` (a delta's base, found while decoding)."""
-        return self._locate_chunks([chunk_id]).get(chunk_id)
-
-    def _locate_chunks(self, chunk_ids: list[bytes]) -> dict[bytes, Location]:
-        return self.catalog.read(lambda conn: chunk_locations(conn, chunk_ids))
-
     def _new_segment_id(self) -> int:
         def fn(txn: Txn) -> int:
             seg_id = int(txn.execute("SELECT value FROM meta WHERE key='next_segment'").fetchone()[0])
@@ -295,7 +288,7 @@ class Store(TreeChanges):
         """A reader of a body's extents (the caller holds the body: holds.py)."""
         return FileReader(extents, size, self.log.read_run, check_chunk, on_close, version,
                           prefetch=self.readahead.submit, advise=self.log.will_need, buffers=self.window_buffers,
-                          decode=self.log.decode_many)
+                          decode=self.log.decode_many, ahead_limit=min(MOST_AHEAD, 2 * self.workers))
 
     def open_session(self, ino: int) -> "SessionHandle":
         """Start a write session on a regular file (one per file at a time)."""
@@ -474,8 +467,7 @@ class Store(TreeChanges):
         return physical_bytes(self.root)
 
     def load_decoders(self) -> None:
-        """Import the decoders' libraries now if any body was compacted (its reads decode): numpy
-        and Blosc2 take 0.5 CPU s to import, which the first read of an encoded record pays else."""
+        """Import numpy and Blosc2 (0.5 CPU s) now if a body was compacted, not at its first read."""
         if self.catalog.read(any_compacted):
             load_codec_libraries()
 

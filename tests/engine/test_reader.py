@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -315,3 +315,84 @@ def test_read_into_a_damaged_version_raises_and_names_it(store_path):
                 r.read_into(memoryview(bytearray(r.size)))
             assert e.value.ino == ino and e.value.__traceback__ is not None
         s.fsck(repair=True)
+
+
+class HeldLoads:
+    """A prefetch pool that starts nothing until `release`: loads submitted ahead are still in
+    flight when the reader gets to them, as when each window takes longer to load (decode)
+    than to read."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(2)
+        self._held: list[tuple[Future, object, tuple]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        f: Future = Future()
+        with self._lock:
+            self._held.append((f, fn, args))
+        return f
+
+    def release(self) -> None:
+        with self._lock:
+            todo, self._held = self._held, []
+        for f, fn, args in todo:
+            self.pool.submit(self._run, f, fn, args)
+
+    @staticmethod
+    def _run(f: Future, fn, args) -> None:  # type: ignore[no-untyped-def]
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:
+            f.set_exception(e)
+
+
+def _reader(store: Store, ino: int, prefetch, limit: int) -> FileReader:  # type: ignore[no-untyped-def]
+    r = store.open_reader(ino)
+    return FileReader(r.extents, r.size, store.log.read_run, check_chunk, r.close, prefetch=prefetch,
+                      decode=store.log.decode_many, ahead_limit=limit)
+
+
+def _read_through(r: FileReader, body: bytes, before_wait=lambda: None) -> None:  # type: ignore[no-untyped-def]
+    pos, n = 0, 100_000
+    while pos < r.size:
+        got = r.cached(pos, n)
+        if got is None:
+            loading = r.fetch(pos, n)
+            assert loading is not None
+            before_wait()
+            for f in loading:
+                f.result(timeout=60)
+            got = r.cached(pos, n)
+        assert got is not None and bytes(got) == body[pos:pos + n]
+        pos += n
+
+
+def test_read_ahead_grows_while_loads_lag_behind_the_reads(store):
+    ino, body = _file(store)
+    held = HeldLoads()
+    waits: list[int] = []
+    with _reader(store, ino, held.submit, limit=5) as r:
+        assert r.ahead == reader_mod.AHEAD
+
+        def lagging() -> None:  # each wait finds its windows not loaded yet, then lets them load
+            waits.append(r.ahead)
+            held.release()
+
+        _read_through(r, body, lagging)
+        assert r.ahead == 5  # one more window ahead per lagging load, up to the limit
+        assert waits[0] == reader_mod.AHEAD and waits[-1] == 5
+    held.release()
+    held.pool.shutdown()
+
+
+def test_read_ahead_stays_when_the_loads_keep_up(store):
+    ino, body = _file(store)
+    with ThreadPoolExecutor(2) as pool:
+        def submit(fn, *args):  # type: ignore[no-untyped-def]
+            f = pool.submit(fn, *args)
+            f.result(timeout=60)  # loaded before the reader gets there
+            return f
+        with _reader(store, ino, submit, limit=5) as r:
+            _read_through(r, body)
+            assert r.ahead == reader_mod.AHEAD

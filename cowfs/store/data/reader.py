@@ -10,12 +10,16 @@ FUSE thread only slices replies), an encoded one by the BLAKE3 of its decoded by
 chunk id). A window with a damaged chunk fails to load; a read then loads just its own
 range, so only reads of the damaged chunk fail.
 
-While window k is read, windows k + 1 .. k + AHEAD are loaded by `prefetch` (a thread pool's
-submit), and each load tells the device (`advise`) to start reading the window AHEAD after it.
-The kernel's read-ahead sends several READs at once and they arrive out of order, so windows
-are found by index, not by the last read. A read far from the last one reads just its own
-chunks. A reader keeps the window before the one being read and AHEAD after it: about
-(AHEAD + 2) * WINDOW bytes while it is read sequentially.
+While window k is read, windows k + 1 .. k + ahead are loaded by `prefetch` (a thread pool's
+submit), and each load tells the device (`advise`) to start reading the window `ahead` after
+it. `ahead` starts at AHEAD and grows by one, up to the reader's `ahead_limit`, each time a
+read has to wait for a window that is already being loaded: the loads are then slower than
+the reader (windows of old checkpoints decode several records per piece), and more of them
+at once use more of the pool's threads. The kernel's read-ahead sends several READs at once
+and they arrive out of order, so windows are found by index, not by the last read. A read
+far from the last one reads just its own chunks. A reader keeps the window before the one
+being read and `ahead` after it: about (ahead + 2) * WINDOW bytes while it is read
+sequentially.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
 Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
 
 WINDOW = 4 << 20  # bytes of a window (the kernel sends READs of up to 1 MiB)
-AHEAD = 2  # windows loaded ahead of the one being read
+AHEAD = 2  # windows loaded ahead of the one being read, at first (a reader's `ahead`)
+MOST_AHEAD = 8  # what a store's readers grow `ahead` to at most (and to twice its read-ahead threads)
 INTO_AHEAD = 8  # spans of read_into the device is asked to read before they are loaded
 
 
@@ -89,7 +94,8 @@ class FileReader:
     def __init__(self, extents: list[Extent], size: int, read_run: ReadRun, check: CheckChunk,
                  on_close: Callable[[], None] | None = None, version: VersionId | None = None,
                  prefetch: Prefetch | None = None, advise: Advise | None = None,
-                 buffers: BufferPool[bytearray] | None = None, decode: Decode | None = None) -> None:
+                 buffers: BufferPool[bytearray] | None = None, decode: Decode | None = None,
+                 ahead_limit: int = AHEAD) -> None:
         self.extents = extents
         self.size = size
         self.version = version
@@ -105,6 +111,9 @@ class FileReader:
         self._lock = threading.Lock()  # guards the fields below; never held during I/O
         self._windows: dict[int, Future[Window]] = {}
         self._last = -2  # window index of the last read
+        self.ahead = AHEAD  # windows loaded ahead of a sequential read (grows: the module docstring)
+        self._ahead_limit = max(AHEAD, ahead_limit)
+        self._loaded_ahead: set[int] = set()  # windows submitted ahead of the reads, not read yet
         self._closed = False
 
     # -- the three ways to read -------------------------------------------------------
@@ -163,6 +172,7 @@ class FileReader:
             windows = [f.result() for f in futures if f is not None]
             for w in windows:
                 w.users += 1
+            self._loaded_ahead.difference_update(range(first, last + 1))  # there in time
             self._note_read(first, last)
         with self._named_errors():
             return self._serve_in_use(windows, offset, end)
@@ -242,6 +252,9 @@ class FileReader:
         futures = []
         for k in range(first, last + 1):
             f = self._windows.get(k)
+            if f is not None and k in self._loaded_ahead and not f.done() and self.ahead < self._ahead_limit:
+                self.ahead += 1  # a window loaded ahead is not there yet: the loads lag behind the reads
+            self._loaded_ahead.discard(k)
             if f is None:
                 if mine is None:
                     assert self._prefetch is not None
@@ -257,24 +270,26 @@ class FileReader:
 
     def _note_read(self, first: int, last: int) -> None:
         """(lock held) A read of windows first..last: drop loaded windows behind and far ahead
-        of it, and, if reads go forward, load the next AHEAD windows."""
+        of it, and, if reads go forward, load the next `ahead` windows."""
         forward = first >= self._last
         self._last = max(last, self._last) if forward else last
-        for k in [k for k in self._windows if k < first - 1 or k > last + AHEAD]:
+        for k in [k for k in self._windows if k < first - 1 or k > last + self.ahead]:
             if self._windows[k].done():
                 self._drop(self._windows.pop(k))
+                self._loaded_ahead.discard(k)
         if not forward or self._prefetch is None or self._closed:
             return
-        for nxt in range(last + 1, last + 1 + AHEAD):
+        for nxt in range(last + 1, last + 1 + self.ahead):
             if nxt * WINDOW >= self.size:
                 break
             if nxt not in self._windows:
                 self._windows[nxt] = self._prefetch(self._load_window, nxt)
+                self._loaded_ahead.add(nxt)
 
     def _load_window(self, k: int) -> Window:
-        """Window k; and the device is asked to start reading window k + AHEAD, so that its load
+        """Window k; and the device is asked to start reading window k + ahead, so that its load
         (read ahead later) finds the bytes in memory rather than waiting for the disk."""
-        hint = k + AHEAD
+        hint = k + self.ahead
         if self._prefetch is not None and hint * WINDOW < self.size:
             self._advise_range(hint * WINDOW, (hint + 1) * WINDOW)
         return self._load_range(k * WINDOW, (k + 1) * WINDOW)
