@@ -1,6 +1,9 @@
 """`cowfs mount s3://BUCKET/PREFIX MOUNTPOINT --read-only --cache DIR`: a consumer's mount of a
 store kept in a bucket, read-only, following the producer's new versions as its notices
-arrive (remote/notices.py), without polling the bucket.
+arrive (remote/notices.py), without polling the bucket. A producer that sends none (its
+remote set without --notify, or its daemon down: no notice connection for QUIET_SECONDS) is
+followed by a look at the bucket every POLL_SECONDS instead, said once in the log, as
+--all-stores does for such stores (union_follow.py).
 
 On a notice of generation G the daemon brings its catalog file to G (a worker thread: the
 delta applied in place, or a new file from a whole catalog, swapped in), tells the kernel
@@ -36,7 +39,7 @@ from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, SNAPSHOT_ON_CHECKPOINT, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
 from .replica_changes import Retry, tell
-from .union_follow import follow_union
+from .union_follow import POLL_SECONDS, QUIET_SECONDS, follow_union
 from .union_snapshots import union_checkpoint_snapshots
 
 log = logging.getLogger("cowfs.replica")
@@ -64,11 +67,32 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
             except CowfsError as e:  # the bucket unreachable: the next look tries again
                 log.warning("the bucket's pack indexes not looked at (tried again): %s", e)
 
+    async def look_while_quiet() -> None:  # a producer that sends no notices: its newest catalog, by a look
+        quiet_since, said = trio.current_time(), False
+        while True:
+            await trio.sleep(POLL_SECONDS)
+            if listener.connected.is_set():
+                quiet_since, said = trio.current_time(), False
+                continue
+            if trio.current_time() - quiet_since < QUIET_SECONDS:
+                continue
+            if not said:
+                said = True
+                log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
+                            " looking at the bucket every %.0f s", source.store_uuid, POLL_SECONDS)
+            try:
+                g, key = await trio.to_thread.run_sync(source.newest)
+            except CowfsError as e:  # the bucket unreachable: the next look tries again
+                log.warning("the bucket not looked at (tried again): %s", e)
+                continue
+            send.send_nowait((g, key, None))  # (a generation not newer than the one served is skipped)
+
     listener = NoticeListener(source.bucket, source.store_uuid, on_notice)
     retry = Retry(send)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(learn_later)
+            nursery.start_soon(look_while_quiet)
             async for g, key, inline in recv:
                 if g <= gen:
                     continue

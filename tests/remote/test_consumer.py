@@ -144,6 +144,29 @@ def test_a_consumer_follows_deltas_and_catches_up_through_a_whole_catalog(store_
             assert not left & {held[0], f"{held[0]}.99.delta", f"catalog-{uuid}-{whole[:16]}.db.tmp"}, left
 
 
+def test_a_producer_without_notices_is_followed_by_looks_at_the_bucket(store_path, tmp_path, rgw, s3_bucket):
+    """A producer whose remote has no --notify: the consumer says once that it looks at the
+    bucket instead, and follows its new versions so."""
+    url = f"s3://{s3_bucket.name}/quiet"
+    cowfs("remote", "set", str(store_path), url, "--endpoint", rgw.credentials.endpoint)
+
+    def uploaded(prod: Path) -> int:
+        return json.loads(cowfs("remote", "status", str(prod), "--json").stdout)["catalog_generation"]
+
+    with mounted(store_path, tmp_path / "prod") as prod:
+        (prod / "model.bin").write_bytes(data(1 << 20, 1))
+        wait_for("first upload", lambda: uploaded(prod) > 0)
+        cache = tmp_path / "cache"
+        with Consumer(url, rgw.credentials.endpoint, tmp_path / "cons", cache) as cons:
+            assert has_bytes(cons / "model.bin", data(1 << 20, 1))
+            said = "sends no notices"
+            wait_for("the consumer says it looks at the bucket", lambda: said in (cache / "cowfs.log").read_text())
+            for k in (2, 3):
+                (prod / "model.bin").write_bytes(data(1 << 20, k))
+                wait_for(f"version {k}, by a look", lambda k=k: has_bytes(cons / "model.bin", data(1 << 20, k)))
+        assert (cache / "cowfs.log").read_text().count(said) == 1
+
+
 def test_remote_mount_errors_are_one_line(tmp_path, rgw, s3_bucket):
     (tmp_path / "m").mkdir()
     cases = [
