@@ -38,6 +38,18 @@ def _same_pid_namespace(pid: int) -> bool:
     return False
 
 
+def release_fd(fd: int) -> None:
+    """Close a descriptor of a file on the mount. Its close error is not raised: ENOTCONN once
+    the daemon is gone, or an error of the FLUSH, says nothing of a get or a put (the daemon's
+    reply does), and Linux has released the descriptor even when close fails, so a caller that
+    raised here and closed it again later would close whatever file got that number since
+    (a background save's PutStream did, when its daemon was killed)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def daemon_socket(fd: int) -> socket.socket | None:
     """A connection to the bulk socket of the cowfs mount holding `fd`, or None: not cowfs, no
     bulk socket, or a daemon that could not read this process's descriptors in /proc (another

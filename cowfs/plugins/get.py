@@ -36,7 +36,7 @@ import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, NamedTuple, cast
 
-from .bulk import BulkRefused, daemon_socket, request
+from .bulk import BulkRefused, daemon_socket, release_fd, request
 from .part_memfds import PartMemfds, part_memfds
 
 WIDENED = 2 << 20  # bytes a range may grow by when the daemon widens it to whole chunks (a piece each side)
@@ -73,12 +73,12 @@ def open_read(path: str | os.PathLike, kept: bool = False,
             if got is _NO_DAEMON:
                 return os.fdopen(fd, "rb")
             if got is not None:
-                os.close(fd)
+                release_fd(fd)
                 return cast(BinaryIO, got.file)
             # (ENOMEM: the whole file does not fit the daemon's bound; windows of it do)
         return _windowed(fd, what, wanted, size)
     except BaseException:
-        os.close(fd)
+        release_fd(fd)  # (whatever raised took no ownership of it: _WindowedBytes gives it up)
         raise
 
 
@@ -242,7 +242,7 @@ def _windowed(fd: int, what: str, wanted: list[tuple[int, int]], size: int) -> B
     if first is _NO_DAEMON:
         return os.fdopen(fd, "rb")
     if first is not None and first.ranges is None:  # a daemon from before ranges sent the whole file
-        os.close(fd)
+        release_fd(fd)
         return cast(BinaryIO, first.file)
     return cast(BinaryIO, _WindowedBytes(fd, what, windows, size, first))
 
@@ -294,7 +294,11 @@ class _WindowedBytes(_Positioned):
         self._held: dict[int, _Held | None] = {0: _Held(first) if first is not None else None}  # None: via fd
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[int, Future] | None = None  # a window being got in the background
-        self._get_ahead(1)
+        try:
+            self._get_ahead(1)
+        except BaseException:
+            self._fd = -1  # its opener closes it: this object, collected later, must not
+            raise
 
     def fileno(self) -> int:
         return self._fd
@@ -421,5 +425,7 @@ class _WindowedBytes(_Positioned):
                 if held is not None:
                     held.file.close()
             self._held = {}
-            os.close(self._fd)
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                release_fd(fd)
         super().close()

@@ -27,7 +27,7 @@ import os
 import socket
 from typing import BinaryIO, Callable
 
-from .bulk import BulkRefused, daemon_socket, receive_reply, send
+from .bulk import BulkRefused, daemon_socket, receive_reply, release_fd, send
 from .part_memfds import part_memfds
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -218,19 +218,23 @@ class PutStream(io.RawIOBase):
             self._created = False
 
     def _release(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        for part in self._sent:  # without a reply the daemon may still read them: not written again
-            self._let_go(part, reusable=self._replied)
-        for part in self._held:  # never sent
-            self._let_go(part, reusable=True)
-        if self._part is not None:
-            self._let_go(self._part, reusable=True)
-        self._sent, self._held, self._part = [], [], None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Everything let go, each once: the fields are emptied before anything is closed, so
+        that an error here and a later close() never close one descriptor twice."""
+        sock, self._sock = self._sock, None
+        sent, held, last, self._sent, self._held, self._part = self._sent, self._held, self._part, [], [], None
+        fd, self._fd = self._fd, -1
+        try:
+            if sock is not None:
+                sock.close()
+            for part in sent:  # without a reply the daemon may still read them: not written again
+                self._let_go(part, reusable=self._replied)
+            for part in held:  # never sent
+                self._let_go(part, reusable=True)
+            if last is not None:
+                self._let_go(last, reusable=True)
+        finally:
+            if fd >= 0:
+                release_fd(fd)
 
     def close(self) -> None:
         if not self.closed:

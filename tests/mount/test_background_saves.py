@@ -5,6 +5,7 @@ resumes through the plug-in bitwise like an uninterrupted run."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import time
 from pathlib import Path
@@ -126,6 +127,36 @@ def test_daemon_killed_between_the_parts_of_a_put(store_path: Path, tmp_path: Pa
             stream.finish()
     with mounted(store_path, mnt):
         assert (mnt / "f").read_bytes() == b"before"
+
+
+def test_a_put_whose_daemon_died_closes_its_file_once(store_path: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The close of the file of a put whose daemon was killed fails (ENOTCONN), yet Linux has
+    released the descriptor: closing it again later (abort, close, the object collected) would
+    close whatever file got that number since. It happened in a background save's thread, and
+    a test after it lost a pipe or its SQLite journal."""
+    mnt = tmp_path / "m"
+    closes: list[int] = []
+    with mounted(store_path, mnt):
+        stream = PutStream(mnt / "f", part_bytes=1 << 20)
+        stream.write(os.urandom(2 << 20))  # parts sent: the file is open
+        file_fd = stream._fd
+        assert file_fd >= 0
+        kill9(store_path, mnt)
+        real_close = os.close
+
+        def recording(fd: int) -> None:
+            closes.append(fd)
+            real_close(fd)
+
+        monkeypatch.setattr(os, "close", recording)
+        with pytest.raises(OSError):
+            stream.finish()
+        stream.close()
+        del stream
+        gc.collect()
+        monkeypatch.undo()
+    assert closes.count(file_fd) == 1, closes
 
 
 @pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")  # lightning 2.6.6 on torch 2.13
