@@ -101,9 +101,9 @@ def one_transaction(conn: sqlite3.Connection, fn: Callable[[Txn], T], op: str, d
     return result
 
 
-# SQLite gives up on a WAL lock it could not take in ~100 tries as SQLITE_PROTOCOL ("locking
-# protocol"), which a loaded machine can cause with no other process about (a new catalog's
-# COMMIT failed so once in CI, on 2 cores kept busy): the documented answer is to try again
+# SQLite gives up on a WAL lock it could not take in ~100 tries (about 10 s) as SQLITE_PROTOCOL
+# ("locking protocol"): under contention that is a busy condition, and SQLite's answer is to try
+# again. Any other error (a descriptor of SQLite's closed under it: "disk I/O error") is raised.
 PROTOCOL_TRIES = 5
 
 
