@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 from ... import _native
 from ...errors import CorruptData
 from ..log.buffers import BufferPool, uninitialised
-from ..log.log import Location
+from ..log.chains import Item
 from ..log.records import MAX_PAYLOAD, MAX_RUN
 from .content import Extent, VersionId, find_extent
 from .spans import range_spans, widen, zero_fill
@@ -41,8 +41,8 @@ from .spans import range_spans, widen, zero_fill
 # records back to back from offset
 ReadRun = Callable[[int, int, list[tuple[bytes, memoryview]], bool], list[int]]
 CheckChunk = Callable[[bytes, memoryview], None]  # raises CorruptData unless BLAKE3(data) == id
-# decode(chunk id, location, payload, dest): an encoded record's raw bytes into dest, not yet verified
-Decode = Callable[[list[tuple[bytes, Location, memoryview, memoryview]]], None]  # Log.decode_many
+# decode([(chunk id, location, payload, dest)]): encoded records' raw bytes into their dests, not yet verified
+Decode = Callable[[list[Item]], None]  # Log.decode_many
 Prefetch = Callable[..., "Future[Window]"]  # an executor's submit
 Advise = Callable[[int, int, int], None]  # advise(segment, offset, bytes): they will be read soon
 
