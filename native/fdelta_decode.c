@@ -12,8 +12,9 @@
  *      32: eight at a time in an AVX2 register (a gather of their entries), or one after
  *      another in plain C;
  *   3. the block's symbols summed (and checked for NO_TABLE), then the raw bits below each
- *      leading one, and the elements written: eight at a time with AVX2 (a prefix sum of
- *      their bit counts, a gather of their 64-bit windows), else one by one.
+ *      leading one, and the elements written: eight at a time with AVX2 (the prefix sums
+ *      of their bit counts by one multiply, then a byte shuffle or a gather), else one by
+ *      one.
  * In one pass, as before, every element's raw bits waited for its symbol (their place is
  * the sum of the bit lengths before it) and so chained the lanes together; the slot table
  * replaced a search whose steps the branch predictor could not guess (docs/benchmarks.md,
@@ -211,7 +212,9 @@ static void fill_expand_idx(void)
 
 /* Eight lanes in one AVX2 vector: the eight slot entries by one gather, the eight states
  * stepped at once, and the words the lanes take read as eight u16 and moved to their lanes.
- * For 32 lanes: a round is four vectors, each its own chain. */
+ * For 32 lanes: a round is four vectors, each its own chain. The four gathers and steps of
+ * a round come first and the words after them, so that no gather waits for the word count
+ * of the vector before it (where a vector's words start). */
 __attribute__((target("avx2"))) static size_t symbols_avx2(const uint32_t *slots, const uint8_t *cx, uint8_t *sym,
                                                             size_t bn, uint32_t *st, int lanes, const uint8_t *words,
                                                             size_t *wpos_io, size_t word_bytes)
@@ -223,25 +226,30 @@ __attribute__((target("avx2"))) static size_t symbols_avx2(const uint32_t *slots
         x[v] = _mm256_loadu_si256((const __m256i *)(st + 8 * v));
     const __m256i pmask = _mm256_set1_epi32(PROB_SCALE - 1), fmask = _mm256_set1_epi32(0x1fff),
                   bmask = _mm256_set1_epi32(0xfff), low = _mm256_set1_epi32(RANS_L);
-    for (; k + (size_t)lanes <= bn && wpos <= word_bytes; k += (size_t)lanes)
+    for (; k + (size_t)lanes <= bn && wpos <= word_bytes; k += (size_t)lanes) {
+        __m256i nx[nv], need[nv];
+        int m[nv];
         for (int v = 0; v < nv; v++) {
             const uint8_t *c8 = cx + k + 8 * (size_t)v;
             __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c8));
             __m256i idx = _mm256_or_si256(_mm256_slli_epi32(c, PROB_BITS), _mm256_and_si256(x[v], pmask));
             __m256i e = _mm256_i32gather_epi32((const int *)slots, idx, 4);
-            __m256i nx = _mm256_add_epi32(
+            nx[v] = _mm256_add_epi32(
                 _mm256_mullo_epi32(_mm256_and_si256(e, fmask), _mm256_srli_epi32(x[v], PROB_BITS)),
                 _mm256_and_si256(_mm256_srli_epi32(e, 13), bmask));
-            __m256i need = _mm256_cmpgt_epi32(low, nx); /* states stay below 2^31: signed compare */
-            int m = _mm256_movemask_ps(_mm256_castsi256_ps(need));
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(words + wpos)));
-            w = _mm256_permutevar8x32_epi32(w, _mm256_loadu_si256((const __m256i *)expand_idx[m]));
-            x[v] = _mm256_blendv_epi8(nx, _mm256_or_si256(_mm256_slli_epi32(nx, 16), w), need);
-            wpos += 2 * (size_t)__builtin_popcount((unsigned)m);
+            need[v] = _mm256_cmpgt_epi32(low, nx[v]); /* states stay below 2^31: signed compare */
+            m[v] = _mm256_movemask_ps(_mm256_castsi256_ps(need[v]));
             __m256i s32 = _mm256_srli_epi32(e, 25); /* eight symbols to eight bytes */
             __m128i s16 = _mm_packus_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
             _mm_storel_epi64((__m128i *)(sym + k + 8 * (size_t)v), _mm_packus_epi16(s16, s16));
         }
+        for (int v = 0; v < nv; v++) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(words + wpos)));
+            w = _mm256_permutevar8x32_epi32(w, _mm256_loadu_si256((const __m256i *)expand_idx[m[v]]));
+            x[v] = _mm256_blendv_epi8(nx[v], _mm256_or_si256(_mm256_slli_epi32(nx[v], 16), w), need[v]);
+            wpos += 2 * (size_t)__builtin_popcount((unsigned)m[v]);
+        }
+    }
     for (int v = 0; v < nv; v++)
         _mm256_storeu_si256((__m256i *)(st + 8 * v), x[v]);
     *wpos_io = wpos;
@@ -250,28 +258,32 @@ __attribute__((target("avx2"))) static size_t symbols_avx2(const uint32_t *slots
     return k;
 }
 
-/* Pass 3 for eight elements at a time: their raw-bit counts summed in the vector (a prefix
- * sum), each element's 64-bit window read by a gather at its own bit place, and the eight
- * written at once. */
-__attribute__((target("avx2"))) static size_t raw_bits_avx2(const uint8_t *sym, size_t bn, const uint8_t *bits,
-                                                             size_t bpos, const uint8_t *bb, uint8_t *ob, int elem)
+/* Pass 3 for eight elements at a time: their raw-bit counts and the prefix sums of those
+ * in one 64-bit word (one multiply), each element's bits taken at its own bit place (a byte
+ * shuffle of one 16-byte window for bf16, a gather of 64-bit windows for f32), and the
+ * eight written at once. */
+__attribute__((target("avx2"), always_inline)) static inline size_t
+raw_bits_avx2_of(const uint8_t *sym, size_t bn, const uint8_t *bits, size_t bpos, const uint8_t *bb, uint8_t *ob,
+                 int elem)
 {
     const __m256i one = _mm256_set1_epi32(1), seven = _mm256_set1_epi32(7), zero = _mm256_setzero_si256();
     const __m256i one64 = _mm256_set1_epi64x(1), low32 = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    const __m256i last = _mm256_set1_epi32(7), mid = _mm256_set1_epi32(3);
+    const __m128i one16 = _mm_set1_epi16(1);
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
                                             0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
     const __m256i step4 = _mm256_set1_epi32(0x03020100); /* a lane's byte b becomes b, b+1, b+2, b+3 */
     size_t k = 0;
     for (; k + 8 <= bn; k += 8) {
-        __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sym + k)));
-        __m256i nb = _mm256_sub_epi32(_mm256_max_epu32(s, one), one);
-        __m256i inc = _mm256_add_epi32(nb, _mm256_slli_si256(nb, 4)); /* prefix sums in each half */
-        inc = _mm256_add_epi32(inc, _mm256_slli_si256(inc, 8));
-        __m256i carry = _mm256_permutevar8x32_epi32(inc, mid); /* the low half's total, to the high half */
-        inc = _mm256_add_epi32(inc, _mm256_blend_epi32(zero, carry, 0xf0));
+        /* the eight raw-bit counts s - (s > 0) as bytes of one word (a symbol is at most 32,
+         * so s + 0x7f sets its byte's top bit exactly when s > 0, and carries nowhere), and
+         * their prefix sums by one multiply (8 * 31 = 248: no byte overflows) */
+        uint64_t s8 = get64(sym + k);
+        uint64_t nb8 = s8 - ((s8 + 0x7f7f7f7f7f7f7f7full) >> 7 & 0x0101010101010101ull);
+        uint64_t incl = nb8 * 0x0101010101010101ull, excl = incl - nb8;
+        __m256i s = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8));
         const uint8_t *at = bits + (bpos >> 3);
-        __m256i rel = _mm256_add_epi32(_mm256_sub_epi32(inc, nb), _mm256_set1_epi32((int)(bpos & 7)));
+        __m256i rel = _mm256_add_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)excl)),
+                                       _mm256_set1_epi32((int)(bpos & 7)));
         __m256i byte = _mm256_srli_epi32(rel, 3), sh = _mm256_and_si256(rel, seven), lo;
         if (elem == 2) {
             /* at most 8 * 15 bits after a start below 8: every element's bits lie in the 16
@@ -280,8 +292,17 @@ __attribute__((target("avx2"))) static size_t raw_bits_avx2(const uint8_t *sym, 
             __m256i win = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)at));
             __m256i idx = _mm256_add_epi32(_mm256_shuffle_epi8(byte, spread), step4);
             lo = _mm256_srlv_epi32(_mm256_shuffle_epi8(win, idx), sh);
-            lo = _mm256_and_si256(lo, _mm256_sub_epi32(_mm256_sllv_epi32(one, nb), one));
+            /* z = the leading one at bit s - 1 and the raw bits below it: with t = 1 << s,
+             * (lo | t >> 1) & (t - 1), which is 0 for s = 0; s <= 16, so z fits 16 bits and
+             * the rest runs on eight u16 (the sum wraps as the element does) */
+            __m256i t = _mm256_sllv_epi32(one, s);
+            __m256i z = _mm256_and_si256(_mm256_or_si256(lo, _mm256_srli_epi32(t, 1)), _mm256_sub_epi32(t, one));
+            __m128i z16 = _mm_packus_epi32(_mm256_castsi256_si128(z), _mm256_extracti128_si256(z, 1));
+            __m128i d16 = _mm_xor_si128(_mm_srli_epi16(z16, 1), _mm_sub_epi16(_mm_setzero_si128(), _mm_and_si128(z16, one16)));
+            __m128i y16 = _mm_loadu_si128((const __m128i *)(bb + 2 * k));
+            _mm_storeu_si128((__m128i *)(ob + 2 * k), _mm_add_epi16(y16, d16));
         } else { /* up to 31 bits each: each element's 64-bit window by a gather */
+            __m256i nb = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)nb8));
             __m256i w0 = _mm256_i32gather_epi64((const long long *)at, _mm256_castsi256_si128(byte), 1);
             __m256i w1 = _mm256_i32gather_epi64((const long long *)at, _mm256_extracti128_si256(byte, 1), 1);
             w0 = _mm256_srlv_epi64(w0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(sh)));
@@ -289,28 +310,48 @@ __attribute__((target("avx2"))) static size_t raw_bits_avx2(const uint8_t *sym, 
             w0 = _mm256_and_si256(w0, _mm256_sub_epi64(_mm256_sllv_epi64(one64, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(nb))), one64));
             w1 = _mm256_and_si256(w1, _mm256_sub_epi64(_mm256_sllv_epi64(one64, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(nb, 1))), one64));
             lo = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(w0, low32), _mm256_permutevar8x32_epi32(w1, low32), 0xf0);
-        }
-        __m256i z = _mm256_or_si256(lo, _mm256_sllv_epi32(one, _mm256_sub_epi32(s, one))); /* s = 0: a shift past 31 gives 0 */
-        __m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
-        if (elem == 2) {
-            __m256i y = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(bb + 2 * k)));
-            __m256i x = _mm256_and_si256(_mm256_add_epi32(y, d), _mm256_set1_epi32(0xffff));
-            _mm_storeu_si128((__m128i *)(ob + 2 * k),
-                             _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
-        } else {
+            __m256i z = _mm256_or_si256(lo, _mm256_sllv_epi32(one, _mm256_sub_epi32(s, one))); /* s = 0: a shift past 31 gives 0 */
+            __m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
             __m256i y = _mm256_loadu_si256((const __m256i *)(bb + 4 * k));
             _mm256_storeu_si256((__m256i *)(ob + 4 * k), _mm256_add_epi32(y, d));
         }
-        bpos += (uint32_t)_mm256_extract_epi32(_mm256_permutevar8x32_epi32(inc, last), 0);
+        bpos += incl >> 56;
     }
     return raw_bits_plain(sym + k, bn - k, bits, bpos, bb + (size_t)elem * k, ob + (size_t)elem * k, elem);
+}
+
+/* The element size made a constant of each copy, so that its tests leave the loop. */
+__attribute__((target("avx2"))) static size_t raw_bits_avx2(const uint8_t *sym, size_t bn, const uint8_t *bits,
+                                                             size_t bpos, const uint8_t *bb, uint8_t *ob, int elem)
+{
+    return elem == 2 ? raw_bits_avx2_of(sym, bn, bits, bpos, bb, ob, 2) : raw_bits_avx2_of(sym, bn, bits, bpos, bb, ob, 4);
 }
 
 __attribute__((target("avx2"))) static void contexts_avx2(const uint8_t *bb, size_t bn, int elem, int mant,
                                                            uint32_t emask, int elo, int bshift, uint8_t *cx)
     CONTEXTS_BODY
+/* The raw bits are the symbols' sum less the number of non-zero symbols: 32 bytes a step,
+ * summed by SAD against zero (symbols are at most 63, so no byte sum overflows). */
 __attribute__((target("avx2"))) static uint64_t bit_count_avx2(const uint8_t *sym, size_t bn, uint8_t *top)
-    BIT_COUNT_BODY
+{
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi8(1);
+    __m256i sums = zero, hi = zero;
+    size_t k = 0;
+    for (; k + 32 <= bn; k += 32) {
+        __m256i s = _mm256_loadu_si256((const __m256i *)(sym + k));
+        hi = _mm256_max_epu8(hi, s);
+        sums = _mm256_add_epi64(sums, _mm256_sad_epu8(_mm256_subs_epu8(s, one), zero));
+    }
+    uint8_t h[32];
+    _mm256_storeu_si256((__m256i *)h, hi);
+    uint8_t tail_top;
+    uint64_t take = bit_count_plain(sym + k, bn - k, &tail_top);
+    for (int j = 0; j < 32; j++)
+        tail_top = h[j] > tail_top ? h[j] : tail_top;
+    *top = tail_top;
+    return take + (uint64_t)_mm256_extract_epi64(sums, 0) + (uint64_t)_mm256_extract_epi64(sums, 1) +
+           (uint64_t)_mm256_extract_epi64(sums, 2) + (uint64_t)_mm256_extract_epi64(sums, 3);
+}
 #endif
 
 #ifdef HAVE_AVX2_PATH
