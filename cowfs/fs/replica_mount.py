@@ -39,7 +39,7 @@ from ..store.log.layout import DEFAULT_SEGMENT_SIZE, StoreConfig, take_lock
 from .mount import LOG_FILE, SNAPSHOT_ON_CHECKPOINT, MountError, _setup_logging, go_live, start_daemon
 from .operations import CowfsOperations
 from .replica_changes import Retry, tell
-from .union_follow import POLL_SECONDS, QUIET_SECONDS, follow_union
+from .union_follow import POLL_SECONDS, QuietStores, follow_union
 from .union_snapshots import union_checkpoint_snapshots
 
 log = logging.getLogger("cowfs.replica")
@@ -68,18 +68,12 @@ async def follow(ops: CowfsOperations, source: ReplicaSource, gen: int) -> None:
                 log.warning("the bucket's pack indexes not looked at (tried again): %s", e)
 
     async def look_while_quiet() -> None:  # a producer that sends no notices: its newest catalog, by a look
-        quiet_since, said = trio.current_time(), False
+        quiet = QuietStores()
+        quiet.listening(source.store_uuid, trio.current_time())
         while True:
             await trio.sleep(POLL_SECONDS)
-            if listener.connected.is_set():
-                quiet_since, said = trio.current_time(), False
+            if not quiet.should_look(source.store_uuid, listener.connected.is_set(), trio.current_time()):
                 continue
-            if trio.current_time() - quiet_since < QUIET_SECONDS:
-                continue
-            if not said:
-                said = True
-                log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
-                            " looking at the bucket every %.0f s", source.store_uuid, POLL_SECONDS)
             try:
                 g, key = await trio.to_thread.run_sync(source.newest)
             except CowfsError as e:  # the bucket unreachable: the next look tries again

@@ -25,6 +25,39 @@ POLL_SECONDS = 2.0  # how often a store that sends no notices is looked at in th
 QUIET_SECONDS = 3.0  # a store's listener unconnected this long counts as sending no notices
 
 
+class QuietStores:
+    """Which followed stores send no notices: a store whose notice listener has been
+    unconnected for QUIET_SECONDS since it was made (or last connected) is looked at in the
+    bucket instead, said once in the log per quiet spell. One for a consumer of one store
+    (replica_mount.py) and of every store under a prefix (below)."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}  # store -> when its listener was made or last seen connected
+        self._said: set[str] = set()
+
+    def listening(self, store: str, now: float) -> None:
+        """A listener for `store` was just made: its quiet time counts from now."""
+        self._since[store] = now
+        self._said.discard(store)
+
+    def should_look(self, store: str, connected: bool, now: float) -> bool:
+        """Whether `store` is to be looked at in the bucket now."""
+        if connected:
+            self.listening(store, now)
+            return False
+        if now - self._since.setdefault(store, now) < QUIET_SECONDS:
+            return False
+        if store not in self._said:
+            self._said.add(store)
+            log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
+                        " looking at the bucket every %.0f s", store, POLL_SECONDS)
+        return True
+
+    def forget(self, store: str) -> None:
+        self._since.pop(store, None)
+        self._said.discard(store)
+
+
 def join_batch(wanted: dict[str, tuple[int, str]], carried: dict[str, Inline],
                notice: tuple[str, int, str, Inline | None]) -> None:
     """A notice (store, generation, key, what it carried) into a batch: the newest generation
@@ -44,8 +77,7 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
     send, recv = trio.open_memory_channel[tuple[str, int, str, Inline | None]](math.inf)
     token = trio.lowlevel.current_trio_token()
     listeners: dict[str, NoticeListener] = {}
-    unconnected: dict[str, float] = {}  # store -> when its listener was first seen unconnected
-    said_polling: set[str] = set()
+    quiet = QuietStores()
 
     def notice_for(store: str):  # type: ignore[no-untyped-def]
         def on_notice(notice: Notice) -> None:
@@ -82,25 +114,18 @@ async def follow_union(source: UnionSource, told: Callable[[Changes], Awaitable[
             if store not in listeners:
                 log.info("following store %s", store)
                 listeners[store] = NoticeListener(source.bucket, store, notice_for(store))
+                quiet.listening(store, trio.current_time())
                 await _poll(store)  # its newest catalog now, whether or not it sends notices
         for store in [s for s in listeners if s not in listed]:
             await trio.to_thread.run_sync(listeners.pop(store).close)
+            quiet.forget(store)
             if await trio.to_thread.run_sync(source.newest, store) is None:
                 log.info("store %s has left the prefix", store)
                 changes = await trio.to_thread.run_sync(source.forget, store)
                 await told(changes)
         now = trio.current_time()
         for store, listener in listeners.items():
-            if listener.connected.is_set():
-                unconnected.pop(store, None)
-                said_polling.discard(store)
-                continue
-            since = unconnected.setdefault(store, now)
-            if now - since >= QUIET_SECONDS:
-                if store not in said_polling:
-                    said_polling.add(store)
-                    log.warning("store %s sends no notices (its remote has no --notify, or its daemon is down):"
-                                " looking at the bucket every %.0f s", store, POLL_SECONDS)
+            if quiet.should_look(store, listener.connected.is_set(), now):
                 await _poll(store)
 
     retry = Retry(send)

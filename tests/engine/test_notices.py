@@ -81,3 +81,22 @@ def test_a_batch_takes_each_stores_newest_notice_with_what_that_one_carried():
     assert carried == {"a": a5}  # b's newest notice carried nothing: its older one's objects are not used
     join_batch(wanted, carried, ("a", 6, "k6", None))
     assert wanted["a"] == (6, "k6") and carried == {}
+
+
+def test_a_store_is_looked_at_once_quiet_and_said_once_per_quiet_spell(caplog):
+    from cowfs.fs.union_follow import QUIET_SECONDS, QuietStores
+    quiet = QuietStores()
+    quiet.listening("s", 100.0)
+    said = lambda: sum("sends no notices" in r.getMessage() for r in caplog.records)  # noqa: E731
+    with caplog.at_level("WARNING", logger="cowfs.replica"):
+        assert not quiet.should_look("s", False, 100.0 + QUIET_SECONDS / 2)  # not quiet long enough yet
+        assert quiet.should_look("s", False, 100.0 + QUIET_SECONDS)
+        assert quiet.should_look("s", False, 100.0 + 2 * QUIET_SECONDS)
+        assert said() == 1
+        assert not quiet.should_look("s", True, 200.0)  # connected: the quiet time starts again
+        assert not quiet.should_look("s", False, 200.0 + QUIET_SECONDS / 2)
+        assert quiet.should_look("s", False, 200.0 + QUIET_SECONDS)
+        assert said() == 2  # a new quiet spell is said again
+        assert quiet.should_look("t", False, 300.0) is False  # a store never seen counts from its first look
+        quiet.forget("s")
+        assert not quiet.should_look("s", False, 300.0)
