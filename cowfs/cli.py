@@ -15,7 +15,9 @@ from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, InvalidArgument, StoreError
 from .store import Store
-from .store.log.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES
+from .mountinfo import mounted_cowfs
+from .store.log.codecs import MAX_CHAIN
+from .store.log.layout import DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, read_config, set_read_chain
 from .units import human_bytes, parse_size
 
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
@@ -24,8 +26,30 @@ EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
 
 def cmd_init(args: argparse.Namespace) -> int:
     size = parse_size(args.segment_size) if args.segment_size else DEFAULT_SEGMENT_SIZE
-    cfg = Store.init(args.store, device=args.device, segment_size=size)
-    print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {human_bytes(cfg.segment_size)})")
+    cfg = Store.init(args.store, device=args.device, segment_size=size, read_chain=args.read_chain)
+    print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {human_bytes(cfg.segment_size)}, "
+          f"reads of compacted pieces through at most {cfg.read_chain} records)")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    path = Path(args.store).absolute()
+    store = Path(mounted_cowfs().get(str(path), path))  # a mountpoint: its store's settings
+    if args.read_chain is not None:
+        if store != path:
+            raise StoreError(f"{args.store} is a mount of {store}: unmount it, then change the settings of {store}")
+        before, _after = set_read_chain(store, args.read_chain)
+        print(f"{store}: read chain {args.read_chain} (was {before}); compaction keeps to it from its next run, "
+              "pieces compacted before keep their chains")
+        return 0
+    cfg = read_config(store)
+    shown = {"store": str(store), "format_version": cfg.format_version, "store_uuid": cfg.store_uuid,
+             "device": cfg.device, "segment_size": cfg.segment_size, "read_chain": cfg.read_chain}
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    else:
+        for key, value in shown.items():
+            print(f"{key:15} {human_bytes(value) if key == 'segment_size' else value}")
     return 0
 
 
@@ -275,7 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "file: pwrite into the page cache + fdatasync; pmem: mmap + cache-line flush "
                         "(persistent memory)")
     s.add_argument("--segment-size", metavar="SIZE", help="log segment size, e.g. 256M (default 256M, min 4M)")
+    s.add_argument("--read-chain", metavar="N", type=int, default=MAX_CHAIN,
+                   help=f"records a read of one compacted tensor piece may touch, 1 to {MAX_CHAIN} (default "
+                   f"{MAX_CHAIN}): fewer store older checkpoints larger and read them faster; 1 stores no deltas")
     s.set_defaults(fn=cmd_init)
+
+    s = sub.add_parser("config", help="show or change a store's settings",
+                       description="Show the settings of STORE (a store directory, or the mountpoint of one), or "
+                       "change them (STORE not mounted).",
+                       epilog="example: cowfs config /nvme/ckpt-store --read-chain 2")
+    s.add_argument("store")
+    s.add_argument("--read-chain", metavar="N", type=int,
+                   help=f"records a read of one compacted tensor piece may touch from the next compaction on, "
+                   f"1 to {MAX_CHAIN}")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_config)
 
     s = sub.add_parser("upgrade", help="upgrade a store made by an older cowfs",
                        description="Bring STORE (unmounted) to this cowfs's format version, in place.",

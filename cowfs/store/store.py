@@ -36,7 +36,7 @@ from .data.index import ChunkIndex
 from .data.reader import MOST_AHEAD, WINDOW_BUFFER, FileReader
 from .data.session import SessionHandle, WriteSession
 from .log.buffers import window_pool
-from .log.codecs import load_libraries as load_codec_libraries
+from .log.codecs import MAX_CHAIN, load_libraries as load_codec_libraries
 from .log.evicted import EvictedSegments, PackReader
 from .log.heads import MOST_HEADS
 from .log.layout import (
@@ -116,10 +116,11 @@ class Store(TreeChanges):
     # -- lifecycle -----------------------------------------------------------------
 
     @staticmethod
-    def init(path: str | os.PathLike, device: str = DEFAULT_DEVICE, segment_size: int = DEFAULT_SEGMENT_SIZE) -> StoreConfig:
+    def init(path: str | os.PathLike, device: str = DEFAULT_DEVICE, segment_size: int = DEFAULT_SEGMENT_SIZE,
+             read_chain: int = MAX_CHAIN) -> StoreConfig:
         root = Path(path)
         check_new_store_dir(root)
-        cfg = new_config(device, segment_size)
+        cfg = new_config(device, segment_size, read_chain)
         if root.exists():  # an empty directory the user made: build in place, config last
             create_catalog(root / CATALOG_FILE, cfg.store_uuid)
             write_config(root, cfg)

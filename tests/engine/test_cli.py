@@ -71,6 +71,10 @@ def test_snapshots_log_cat_ls(history_path):
         (("cat", "{store}", "/run/missing.pt"), "no such file"),
         (("cat", "{store}", "/run/model.pt", "--snapshot", "nope"), "no snapshot named"),
         (("init", "{tmp}/new", "--segment-size", "12x"), "not a size"),
+        (("init", "{tmp}/new", "--read-chain", "5"), "read chain must be 1 to 4"),
+        (("config", "{store}", "--read-chain", "0"), "read chain must be 1 to 4"),
+        (("config", "{store}", "--read-chain", "two"), "invalid int value"),
+        (("config", "{tmp}", "--read-chain", "2"), "not a cowfs store"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(history_path, tmp_path, args, message):
@@ -113,3 +117,33 @@ def test_usage_errors_are_one_line(args):
     err = r.stderr.decode()
     assert r.returncode == 2 and err.startswith("cowfs: ") and "--help" in err and len(err.splitlines()) == 1, err
     assert r.stdout == b""
+
+
+def test_config_shows_and_changes_the_read_chain(tmp_path):
+    store = tmp_path / "store"
+    assert run("init", str(store), "--read-chain", "3").returncode == 0
+    shown = json.loads(run("config", str(store), "--json").stdout)
+    assert shown["read_chain"] == 3 and shown["device"] and shown["format_version"] >= 7
+    r = run("config", str(store), "--read-chain", "1")
+    assert r.returncode == 0 and "was 3" in r.stdout.decode()
+    text = run("config", str(store)).stdout.decode()
+    assert "read_chain      1" in text and "segment_size    256.0 MiB" in text
+    with Store.open(store):  # in use (as by a mount's daemon): refused, nothing changed
+        r = run("config", str(store), "--read-chain", "2")
+        err = r.stderr.decode()
+        assert r.returncode == 2 and "unmount it first" in err and err.count("\n") == 1
+    assert json.loads(run("config", str(store), "--json").stdout)["read_chain"] == 1
+    assert_clean(store)
+
+
+def test_a_store_without_the_setting_reads_through_the_formats_bound(tmp_path):
+    store = tmp_path / "store"
+    Store.init(store)
+    cfg = json.loads((store / "cowfs-store.json").read_text())
+    del cfg["read_chain"]  # as a store made before the setting
+    (store / "cowfs-store.json").write_text(json.dumps(cfg))
+    assert json.loads(run("config", str(store), "--json").stdout)["read_chain"] == 4
+    cfg["read_chain"] = "many"
+    (store / "cowfs-store.json").write_text(json.dumps(cfg))
+    r = run("stats", str(store))
+    assert r.returncode == 2 and "read chain must be 1 to 4" in r.stderr.decode()

@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 from cowfs.errors import CorruptData
 from cowfs.store import Store
 from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, DELTA_CODECS, MAX_CHAIN
-from cowfs.store.log.layout import CATALOG_FILE, segment_path
+from cowfs.store.log.layout import CATALOG_FILE, segment_path, set_read_chain
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
 
@@ -106,27 +106,53 @@ def piece_codecs(s: Store, directory: str, name: str = "model.safetensors") -> l
         (1 << 20, name.encode(), directory.encode()))]
 
 
-def test_no_read_touches_more_than_max_chain_records_and_the_newest_is_raw(store_path):
+def chain_lengths(path: Path) -> dict[int, int]:
+    """Each chunk's records a read of it touches: itself and the bases it decodes through."""
+    rows = {cid: base for cid, _codec, base in chunk_rows(path)}
+    out = {}
+    for cid in rows:
+        n, at = 1, cid
+        while rows[at] is not None and n <= MAX_CHAIN:
+            at, n = rows[at], n + 1
+        out[cid] = n
+    return out
+
+
+@pytest.mark.parametrize("read_chain", range(1, MAX_CHAIN + 1))
+def test_no_read_touches_more_than_the_read_chain_and_the_newest_is_raw(store_path, read_chain):
+    assert set_read_chain(store_path, read_chain) == (MAX_CHAIN, read_chain)
     with Store.open(store_path) as s:
         files = series(s, 3 * MAX_CHAIN)
         s.compact()
         s.gc()
-    rows = {cid: (codec, base) for cid, codec, base in chunk_rows(store_path)}
-    longest = 0
-    for cid in rows:
-        n, at = 1, cid
-        while rows[at][1] is not None:
-            at = rows[at][1]
-            n += 1
-            assert n <= MAX_CHAIN, f"chunk {cid}: a read touches more than {MAX_CHAIN} records"
-        longest = max(longest, n)
-    assert longest == MAX_CHAIN  # the chains are used as far as the bound allows
+    # the chains are used as far as the store's bound allows, and no further
+    assert max(chain_lengths(store_path).values()) == read_chain
     newest = max(int(p.split("/")[1].split("-")[1]) for p in files)
     with Store.open(store_path) as s:
         assert set(piece_codecs(s, f"checkpoint-{newest}")) == {CODEC_RAW}  # read at disk speed
         for i in range(newest):  # every older piece is encoded: grouped, or a delta
             assert CODEC_RAW not in piece_codecs(s, f"checkpoint-{i}"), i
         assert_reads(s, files)
+
+
+def test_a_lowered_read_chain_bounds_what_compaction_does_next_and_keeps_what_it_did(store_path):
+    with Store.open(store_path) as s:
+        files = series(s, 3)
+        s.compact()
+        s.gc()
+    before = chain_lengths(store_path)
+    assert max(before.values()) == 3  # the oldest through the two newer checkpoints
+    assert set_read_chain(store_path, 2) == (MAX_CHAIN, 2)
+    with Store.open(store_path) as s:
+        for i in range(3, 8):
+            files.update(series_step(s, files, i))
+        s.compact()
+        s.gc()
+        assert_reads(s, files)
+    after = chain_lengths(store_path)
+    # a chain compacted before stays as it was (its pieces stay readable); none grows past the new bound
+    assert all(n <= max(2, before.get(cid, 0)) for cid, n in after.items()), after
+    assert max(n for cid, n in after.items() if cid not in before) == 2
 
 
 def piece_rows(s: Store, directory: str, name: str = "model.safetensors") -> list[tuple[int, int | None]]:

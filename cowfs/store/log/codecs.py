@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ... import _native
 from ...errors import CorruptData
+from .layout import MAX_CHAIN  # noqa: F401 - the readers' bound, named here beside the codecs that chain
 from .records import CODEC_FDELTA, CODEC_FDELTA32, CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
 if TYPE_CHECKING:
@@ -75,7 +76,6 @@ DELTA_CODECS = (CODEC_XOR, CODEC_SUB, CODEC_FDELTA, CODEC_FDELTA32)
 # float dtypes (safetensors names) the fdelta codec takes: (element size, mantissa bits, exponent bits)
 FLOAT_FORMATS = {"BF16": (2, 7, 8), "F16": (2, 10, 5), "F32": (4, 23, 8)}
 ID_SIZE = 32
-MAX_CHAIN = 4  # records a read of one piece may touch: itself and up to 3 bases
 DELTA_MAX_SHARE = 0.9  # a delta is kept only if at most this share of the piece's whole record:
 # every read of the piece (and of older pieces leaning on it) decodes one more record for it,
 # so a delta that saves little costs reads more than it saves space (docs/benchmarks.md)

@@ -28,6 +28,7 @@ CATALOG_FILE = "catalog.db"
 SEGMENTS_DIR = "segments"
 LOCK_FILE = "lock"
 
+MAX_CHAIN = 4  # records a read of one piece may touch: itself and up to 3 bases (docs/format.md section 3.2)
 DEVICES = ("file", "direct", "pmem")
 DEFAULT_DEVICE = "direct"  # O_DIRECT appends; chosen by the benchmark (docs/benchmarks.md, third round)
 DEFAULT_SEGMENT_SIZE = 256 << 20
@@ -43,6 +44,7 @@ class StoreConfig:
     device: str
     segment_size: int
     format_version: int = FORMAT_VERSION
+    read_chain: int = MAX_CHAIN  # records a read of one compacted piece may touch (1: no deltas); compaction keeps to it
 
     def to_json(self) -> str:
         return json.dumps(
@@ -52,6 +54,7 @@ class StoreConfig:
                 "store_uuid": self.store_uuid,
                 "device": self.device,
                 "segment_size": self.segment_size,
+                "read_chain": self.read_chain,
             },
             indent=2,
         ) + "\n"
@@ -79,14 +82,39 @@ def check_new_store_dir(root: Path) -> None:
         raise StoreError(f"{root}: directory is not empty")
 
 
-def new_config(device: str, segment_size: int) -> StoreConfig:
+def new_config(device: str, segment_size: int, read_chain: int = MAX_CHAIN) -> StoreConfig:
     if device not in DEVICES:
         raise StoreError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
     if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE or segment_size % 4096:
         raise StoreError(
             f"segment size must be a multiple of 4096 between {MIN_SEGMENT_SIZE >> 20} MiB and 1 TiB"
         )
-    return StoreConfig(store_uuid=str(uuid.uuid4()), device=device, segment_size=segment_size)
+    check_read_chain(read_chain)
+    return StoreConfig(store_uuid=str(uuid.uuid4()), device=device, segment_size=segment_size, read_chain=read_chain)
+
+
+def check_read_chain(read_chain: object) -> None:
+    if not isinstance(read_chain, int) or isinstance(read_chain, bool) or not 1 <= read_chain <= MAX_CHAIN:
+        raise StoreError(f"read chain must be 1 to {MAX_CHAIN} records, not {read_chain!r}")
+
+
+def set_read_chain(root: Path, read_chain: int) -> tuple[int, int]:
+    """Change the store's read chain, the store not in use (its lock is taken); returns
+    (before, after). The config file is replaced whole (write_durably), its other keys as they
+    were. Pieces compacted before keep their chains (at most MAX_CHAIN records)."""
+    check_read_chain(read_chain)
+    before = read_config(root).read_chain  # a store of this format version, or StoreError
+    try:
+        fd = take_lock(root, "the store")
+    except Busy as e:
+        raise Busy(f"{e}: unmount it first") from None
+    try:
+        data = config_data(root)
+        data["read_chain"] = read_chain
+        write_durably(root / CONFIG_FILE, json.dumps(data, indent=2) + "\n")
+    finally:
+        os.close(fd)
+    return before, read_chain
 
 
 def write_durably(path: Path, text: str | bytes) -> None:
@@ -149,11 +177,17 @@ def read_config(root: Path) -> StoreConfig:
             f"{root}: store format version {version} is not supported "
             f"(this cowfs reads version {FORMAT_VERSION})"
         )
+    read_chain = data.get("read_chain", MAX_CHAIN)  # stores made before the setting: the format's bound
+    try:
+        check_read_chain(read_chain)
+    except StoreError as e:
+        raise StoreError(f"{path}: {e}") from None
     try:
         cfg = StoreConfig(
             store_uuid=str(data["store_uuid"]),
             device=str(data["device"]),
             segment_size=int(data["segment_size"]),
+            read_chain=read_chain,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise StoreError(f"{path}: store config is missing a field ({e})") from None

@@ -16,7 +16,7 @@ from ..catalog.db import Txn
 from ..data.chunking import cut_all
 from ..data.content import Extent, load_extents
 from ..data.reader import FileReader
-from ..log.codecs import CODEC_RAW, DELTA_CODECS, MAX_CHAIN, Encoded, encode_delta, encode_whole
+from ..log.codecs import CODEC_RAW, DELTA_CODECS, Encoded, encode_delta, encode_whole
 from ..log.log import LOCATION_COLS, Location, location
 from . import lineage
 from .formats import TensorRegion, regions
@@ -132,6 +132,11 @@ class Body:
     written: dict[bytes, Location | None] = field(default_factory=dict)  # new chunks (None: append in flight)
     appends: list[tuple[Future[list[Location]], Callable[[list[Location]], None]]] = field(default_factory=list)
 
+    @property
+    def read_chain(self) -> int:
+        """Records a read of one piece may touch, the store's setting (at most MAX_CHAIN)."""
+        return self.store.config.read_chain
+
     def run(self) -> bool:
         """False when stopped before the end (nothing changed)."""
         store = self.store
@@ -222,7 +227,7 @@ class Body:
             if h in known or h in jobs or h in self.written:
                 continue
             newer = by_chunk[h].newer if s.key is not None else None
-            base = newer if newer is not None and len(newer.chain) + 1 <= MAX_CHAIN else None  # else a keyframe
+            base = newer if newer is not None and len(newer.chain) + 1 <= self.read_chain else None  # else a keyframe
             raw = self.recent.get(s.key, s.index, base.chunk) if base is not None and s.key is not None else None
             jobs[h] = _NewJob(h, view, s.elem_size, s.dtype, s.key, s.key is not None and newer is None, base, raw)
         self._append_new(list(jobs.values()))
@@ -305,7 +310,7 @@ class Body:
             if me is not None and me.loc.codec == CODEC_RAW and me.cid not in self.superseded and a.newer is not None:
                 # stored raw by the save (tensor files are cut into pieces as they are written):
                 # what step 2 does for a piece not stored yet, a delta against the newer piece
-                base = a.newer if me.cid not in a.newer.chain and len(a.newer.chain) + 1 <= MAX_CHAIN else None
+                base = a.newer if me.cid not in a.newer.chain and len(a.newer.chain) + 1 <= self.read_chain else None
                 base_raw = self.recent.get(s.key, s.index, base.chunk) if base is not None else None
                 if base is not None and base_raw is None:
                     base_raw = self._read_base(base)
@@ -320,7 +325,7 @@ class Body:
             if gens and gens[-1] > a.older_gen:
                 continue  # a body still waiting lies between: it will be q's neighbour
             my_chain = me.chain if me is not None else [-1] * self.new_chains.get(h, 1)
-            lean = q.cid not in my_chain and a.older_height + 1 + len(my_chain) <= MAX_CHAIN
+            lean = q.cid not in my_chain and a.older_height + 1 + len(my_chain) <= self.read_chain
             if not lean and q.loc.codec != CODEC_RAW:
                 continue
             self.superseded.add(q.cid)
@@ -389,7 +394,7 @@ class Body:
             base_cid = None if base is None or loc.codec not in DELTA_CODECS else cids.get(base)
             if base is not None and loc.codec in DELTA_CODECS and base_cid is None:
                 raise Retry(f"the base of chunk {h.hex()[:16]} is gone")
-            if base_cid is not None and len(lineage.chain(txn.conn, base_cid)) + 1 > MAX_CHAIN:
+            if base_cid is not None and len(lineage.chain(txn.conn, base_cid)) + 1 > self.read_chain:
                 raise Retry(f"the base of chunk {h.hex()[:16]} decodes through more records than planned")
             rows.append((h, loc.seg_id, loc.offset, loc.stored_len, loc.length, loc.codec, first_gen, base_cid))
         txn.conn.executemany("INSERT OR IGNORE INTO chunks(hash, seg_id, offset, stored_len, raw_len, codec, first_gen,"
@@ -416,7 +421,7 @@ class Body:
         retired = []
         for d in self.switches:
             base = None if d.base is None else cids[d.base]
-            if base is not None and not lineage.may_lean_on(txn.conn, d.cid, lineage.chain(txn.conn, base)):
+            if base is not None and not lineage.may_lean_on(txn.conn, d.cid, lineage.chain(txn.conn, base), self.read_chain):
                 continue
             changed = txn.execute(
                 "UPDATE chunks SET seg_id=?, offset=?, stored_len=?, codec=?, base_cid=? WHERE cid=? AND seg_id=?"

@@ -8,10 +8,11 @@ order the bodies are compacted in.
 
 Policy (docs/design.md, "Compaction"): reverse deltas. The newest piece of a lineage is
 stored whole (raw); an older piece Q is a delta against the next newer distinct piece P,
-unless that would make some read touch more than MAX_CHAIN records: the chain of deltas
-already leaning on Q (its height), Q itself and P's own records must fit. So every
-MAX_CHAIN-th piece of a lineage stays whole (a keyframe), older checkpoints read through at
-most MAX_CHAIN records per piece, and the newest reads one.
+unless that would make some read touch more than the store's read chain (StoreConfig.read_chain,
+at most MAX_CHAIN) records: the chain of deltas already leaning on Q (its height), Q itself
+and P's own records must fit. So with a read chain of N every N-th piece of a lineage stays
+whole (a keyframe), older checkpoints read through at most N records per piece, and the
+newest reads one.
 """
 from __future__ import annotations
 
@@ -66,11 +67,11 @@ def chain(conn: sqlite3.Connection, cid: int) -> list[int]:
     return out
 
 
-def may_lean_on(conn: sqlite3.Connection, q: int, p_chain: list[int]) -> bool:
+def may_lean_on(conn: sqlite3.Connection, q: int, p_chain: list[int], bound: int = MAX_CHAIN) -> bool:
     """Whether chunk q may become a delta against the chunk whose decoding chain is `p_chain`
-    (its records, itself first): no read would touch more than MAX_CHAIN records, and no
-    cycle would form."""
-    return q not in p_chain and height(conn, q) + 1 + len(p_chain) <= MAX_CHAIN
+    (its records, itself first): no read would touch more than `bound` records (the store's
+    read chain, at most MAX_CHAIN), and no cycle would form."""
+    return q not in p_chain and height(conn, q) + 1 + len(p_chain) <= bound
 
 
 def forget_dead_pieces(txn: Txn) -> None:
