@@ -81,3 +81,22 @@ def test_daemon_compacts_by_itself_when_idle(store_path: Path, tmp_path: Path) -
         for path, sha in shas.items():
             assert sha_file(path) == sha, path
         assert "compacted" in (store_path / "cowfs.log").read_text()
+
+
+def test_a_store_set_to_read_through_one_record_stores_no_deltas(store_path: Path, tmp_path: Path) -> None:
+    run_cowfs("config", str(store_path), "--read-chain", "1")
+    mnt = tmp_path / "mnt"
+    with mounted(store_path, mnt):
+        shown = json.loads(run_cowfs("config", str(mnt), "--json").stdout)  # the mountpoint names its store
+        assert shown["read_chain"] == 1 and shown["store"] == str(store_path.absolute())
+        for target in (mnt, store_path):  # the daemon holds the store: no change while mounted
+            r = run_cowfs("config", str(target), "--read-chain", "2", check=False)
+            assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unmount it" in r.stderr, r.stderr
+        shas = write_checkpoints(mnt, 4)
+        report = json.loads(run_cowfs("compact", str(mnt), "--json").stdout)
+        assert report["recut"] == 8 and report["deltas"] == 0, report
+        codecs = json.loads(run_cowfs("stats", str(mnt), "--json").stdout)["codecs"]
+        assert not {"sub", "xor", "fdelta", "fdelta4"} & set(codecs) and codecs["grouped"]["chunks"] > 0, codecs
+        for path, sha in shas.items():
+            assert sha_file(path) == sha, path
+    assert json.loads(run_cowfs("config", str(store_path), "--json").stdout)["read_chain"] == 1
