@@ -366,7 +366,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as hs  # noqa: E402
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-OPS = hs.lists(hs.tuples(hs.sampled_from(["save", "save", "save", "remove", "snapshot", "compact", "gc"]),
+OPS = hs.lists(hs.tuples(hs.sampled_from(["save", "save", "save", "remove", "snapshot", "compact", "gc", "rechain"]),
                          hs.integers(0, 3), hs.integers(0, 2)), min_size=1, max_size=14)
 
 
@@ -379,15 +379,28 @@ def model_file(step: int, dtype_ix: int, kind: int) -> bytes:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS)
-def test_model_compaction_never_changes_what_reads_return(tmp_path_factory, ops):
+@given(ops=OPS, read_chain=hs.integers(1, MAX_CHAIN))
+def test_model_compaction_never_changes_what_reads_return(tmp_path_factory, ops, read_chain):
+    """Any interleaving keeps every live file and snapshot byte-exact, and no chain is longer
+    than the longest read chain a compaction run had (`rechain`: the store closed, its read
+    chain changed, reopened)."""
     path = tmp_path_factory.mktemp("model") / "store"
-    Store.init(path, segment_size=4 << 20)
+    Store.init(path, segment_size=4 << 20, read_chain=read_chain)
     live: dict[str, bytes] = {}
     snaps: dict[str, dict[str, bytes]] = {}
     step = 0
-    with Store.open(path) as s:
+    longest = 0  # the longest read chain any run was allowed so far: no chain is longer
+    s = Store.open(path)
+    try:
         for op, a, b in ops:
+            if op == "rechain":
+                s.close()
+                read_chain = 1 + (a + b) % MAX_CHAIN
+                set_read_chain(path, read_chain)
+                s = Store.open(path)
+                continue
+            if op == "compact":
+                longest = max(longest, read_chain)
             if op == "save":
                 step += 1
                 name = f"/ckpt{a}.{'safetensors' if b == 0 else 'pt'}"
@@ -411,6 +424,9 @@ def test_model_compaction_never_changes_what_reads_return(tmp_path_factory, ops)
                 assert s.read_file(p, gen) == data, (name, p)
         report = s.fsck()
         assert report.clean, [p.line() for p in report.problems]
+    finally:
+        s.close()
+    assert max(chain_lengths(path).values(), default=1) <= max(longest, 1)
 
 
 def test_a_damaged_body_is_skipped_and_the_others_are_compacted(tmp_path):
