@@ -105,7 +105,7 @@ def test_fsck_exit_codes(history_path):
 
 
 def test_help_has_examples():
-    for cmd in ("init", "fsck", "stats", "gc", "log", "cat", "ls"):
+    for cmd in ("init", "config", "fsck", "stats", "gc", "log", "cat", "ls"):
         r = run(cmd, "--help")
         assert r.returncode == 0 and b"example:" in r.stdout
 
