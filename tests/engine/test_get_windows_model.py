@@ -99,3 +99,25 @@ def test_windowed_reads_read_the_file(case: tuple[bytes, list[tuple[int, int]], 
         assert daemon.out == 0 and daemon.most <= 4  # (a read outside the windows holds a fourth for a moment)
     finally:
         patch.undo()
+
+
+def test_a_windowed_reader_that_fails_to_start_leaves_its_descriptor_to_its_opener(tmp_path, monkeypatch):
+    """When the first get ahead fails, the object gives its descriptor up (open_read's
+    handler closes it, once): collecting the object must not close that number again, which
+    another file may hold by then."""
+    import gc
+
+    def fails(self: Any, i: int) -> None:
+        raise OSError("the daemon went away")
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDONLY)
+    monkeypatch.setattr(get_mod._WindowedBytes, "_get_ahead", fails)
+    try:
+        with pytest.raises(OSError, match="went away"):
+            get_mod._WindowedBytes(fd, "f", [[(0, 50)], [(50, 50)]], 100, None)
+        gc.collect()  # the half-made object's finaliser runs close()
+        os.fstat(fd)  # still open: the opener's to close
+    finally:
+        os.close(fd)
