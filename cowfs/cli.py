@@ -15,9 +15,7 @@ from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, InvalidArgument, StoreError
 from .store import Store
-from .mountinfo import mounted_cowfs
-from .store.log.codecs import MAX_CHAIN
-from .store.log.layout import CONFIG_FILE, DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, read_config, set_read_chain
+from .store.log.layout import CONFIG_FILE, DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, MAX_CHAIN, read_config, set_read_chain
 from .units import human_bytes, parse_size
 
 CAT_PROGRESS_MIN = 256 << 20  # cat shows a bar (stderr on a terminal) for files bigger than this
@@ -33,13 +31,13 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    path = Path(args.store).absolute()
-    store = Path(mounted_cowfs().get(str(path), path))  # a mountpoint: its store's settings
-    if store != path and not (store / CONFIG_FILE).exists():  # a consumer's mount names its cache
+    store = store_of(args.store)  # a mountpoint: its store's settings
+    mounted = store != Path(args.store).absolute()
+    if mounted and not (store / CONFIG_FILE).exists():  # a consumer's mount names its cache
         raise StoreError(f"{args.store} is a consumer's mount (a read-only replica): the settings are its "
                          "producer's store's")
     if args.read_chain is not None:
-        if store != path:
+        if mounted:
             raise StoreError(f"{args.store} is a mount of {store}: unmount it, then change the settings of {store}")
         before, _after = set_read_chain(store, args.read_chain)
         print(f"{store}: read chain {args.read_chain} (was {before}); compaction keeps to it from its next run, "

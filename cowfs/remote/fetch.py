@@ -4,7 +4,8 @@ bases fetched the same way. A missing or damaged object raises CorruptData (EIO)
 from __future__ import annotations
 
 from ..errors import CorruptData, RemoteError
-from ..store.log.codecs import MAX_CHAIN, decode
+from ..store.log.codecs import decode
+from ..store.log.layout import MAX_CHAIN
 from ..store.log.log import check_chunk
 from ..store.log.records import RecordError, check_record
 from .packs import PackEntry

@@ -36,13 +36,14 @@ from .data.index import ChunkIndex
 from .data.reader import MOST_AHEAD, WINDOW_BUFFER, FileReader
 from .data.session import SessionHandle, WriteSession
 from .log.buffers import window_pool
-from .log.codecs import MAX_CHAIN, load_libraries as load_codec_libraries
+from .log.codecs import load_libraries as load_codec_libraries
 from .log.evicted import EvictedSegments, PackReader
 from .log.heads import MOST_HEADS
 from .log.layout import (
     CATALOG_FILE,
     DEFAULT_DEVICE,
     DEFAULT_SEGMENT_SIZE,
+    MAX_CHAIN,
     StoreConfig,
     check_new_store_dir,
     fsync_dir,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from cowfs.errors import CorruptData
 from cowfs.store.log.chains import decode_batch, runs_of
-from cowfs.store.log.codecs import ID_SIZE, MAX_CHAIN, Encoded, decode, encode_delta, encode_whole
+from cowfs.store.log.codecs import ID_SIZE, Encoded, decode, encode_delta, encode_whole
+from cowfs.store.log.layout import MAX_CHAIN
 from cowfs.store.log.records import CODEC_RAW, MAX_RUN, Location, record_span
 
 NEVER = 1 << 40  # encode_delta's `whole_len`: any delta is small enough

@@ -150,11 +150,11 @@ def test_a_store_without_the_setting_reads_through_the_formats_bound(tmp_path):
 
 
 def test_config_of_a_consumers_mount_says_what_it_is(tmp_path, monkeypatch, capsys):
-    from cowfs import cli
+    from cowfs import cli, control
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
     cache.mkdir()
     mnt.mkdir()
-    monkeypatch.setattr(cli, "mounted_cowfs", lambda: {str(mnt): str(cache)})  # as mountinfo names a replica
+    monkeypatch.setattr(control, "mounted_cowfs", lambda: {str(mnt): str(cache)})  # as mountinfo names a replica
     assert cli.main(["config", str(mnt)]) == 2
     err = capsys.readouterr().err
     assert "consumer's mount" in err and err.count("\n") == 1

@@ -12,8 +12,8 @@ from safetensors.torch import save as st_save
 
 from cowfs.errors import CorruptData
 from cowfs.store import Store
-from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, DELTA_CODECS, MAX_CHAIN
-from cowfs.store.log.layout import CATALOG_FILE, segment_path, set_read_chain
+from cowfs.store.log.codecs import CODEC_GROUPED, CODEC_RAW, DELTA_CODECS
+from cowfs.store.log.layout import CATALOG_FILE, MAX_CHAIN, segment_path, set_read_chain
 
 ROWS, COLS = 512, 1024  # fp32: 2 MiB, two pieces per tensor
 

@@ -27,7 +27,8 @@ from typing import Callable, Iterable
 from ... import _native
 from ...errors import CorruptData
 from .buffers import uninitialised
-from .codecs import MAX_CHAIN, base_of, decode_into
+from .codecs import base_of, decode_into
+from .layout import MAX_CHAIN
 from .records import MAX_RUN, Location
 
 # (chunk id, where its record is, its payload as stored, where its raw bytes go)

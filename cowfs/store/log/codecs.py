@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ... import _native
 from ...errors import CorruptData
-from .layout import MAX_CHAIN  # noqa: F401 - the readers' bound, named here beside the codecs that chain
 from .records import CODEC_FDELTA, CODEC_FDELTA32, CODEC_GROUPED, CODEC_RAW, CODEC_SUB, CODEC_XOR
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import sqlite3
 import blake3
 
 from ..catalog.db import Txn
-from ..log.codecs import MAX_CHAIN
+from ..log.layout import MAX_CHAIN
 
 
 def tensor_key(name: str, dtype: str, shape: tuple[int, ...] | None) -> bytes:
