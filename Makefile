@@ -38,7 +38,7 @@ $(VPY):
 # Re-running the editable install when a native/ source changes rebuilds the extension. Then
 # pyfuse3 is rebuilt from its source release with the GIL released around its copies
 # (cowfs/fs/binding.py); tools/pyfuse3_build.py does nothing when that build is there already.
-$(STAMP): pyproject.toml setup.py $(NATIVE_SRC) native/pyfuse3/release-gil.patch tools/pyfuse3_build.py | apt-deps $(VPY)
+$(STAMP): pyproject.toml setup.py $(NATIVE_SRC) native/pyfuse3/cowfs.patch tools/pyfuse3_build.py | apt-deps $(VPY)
 	$(VPY) -m pip install --no-input $(TORCH)
 	$(VPY) -m pip install --no-input -e '.[test]'
 	$(VPY) tools/pyfuse3_build.py

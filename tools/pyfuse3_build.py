@@ -1,4 +1,4 @@
-"""Build and install pyfuse3 with cowfs's patch (native/pyfuse3/release-gil.patch).
+"""Build and install pyfuse3 with cowfs's patch (native/pyfuse3/cowfs.patch).
 
     python tools/pyfuse3_build.py [--sdist FILE] [--offline] [--force]
 
@@ -9,7 +9,7 @@ Run by `make setup` with the venv's python, which it installs into. Steps:
    so that the build has to run Cython over the patched .pyx (a build that fell back to the
    shipped C would silently be the stock one);
 3. the patch applied with patch(1), which must apply cleanly;
-4. `pip install --no-deps` with the version `3.5.0+cowfs.gil1` (cowfs.fs.binding); with
+4. `pip install --no-deps` with the version `3.5.0+cowfs.gil2` (cowfs.fs.binding); with
    --offline, without build isolation (Cython, setuptools and setuptools_scm must then be
    installed already, nothing is fetched);
 5. checked: the interpreter imports pyfuse3 with that version.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from cowfs.fs.binding import PATCHED_RELEASE, patched_version  # noqa: E402
 
-PATCH = REPO / "native" / "pyfuse3" / "release-gil.patch"
+PATCH = REPO / "native" / "pyfuse3" / "cowfs.patch"
 SDIST_NAME = f"pyfuse3-{PATCHED_RELEASE}.tar.gz"
 SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
 GENERATED_C = Path("src") / "pyfuse3" / "__init__.c"
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BuildError, OSError, tarfile.TarError) as e:
         print(f"pyfuse3_build: {e}", file=sys.stderr)
         return 1
-    print(f"pyfuse3 {want} installed (GIL released around its copies)")
+    print(f"pyfuse3 {want} installed (GIL released around its copies; max_write settable)")
     return 0
 
 

@@ -5,16 +5,17 @@ out of the kernel (`fuse_session_receive_buf`, then `fuse_buf_copy` into a bytes
 and a READ's reply into it (`fuse_reply_buf`). Every other thread of the daemon waits
 meanwhile, which bounds one mount at about 1-1.5 GB/s however many cores it has
 (docs/benchmarks.md, "The GIL bounds one mount"). `make setup` therefore builds pyfuse3
-from its source release with `native/pyfuse3/release-gil.patch`, which releases the GIL
-around those three calls and changes nothing else (tools/pyfuse3_build.py), and installs it
-with the local version label below. cowfs runs on a stock pyfuse3 as well, only slower; the
+from its source release with `native/pyfuse3/cowfs.patch`, which releases the GIL
+around those three calls and lets the file system ask for smaller WRITE requests
+(`Operations.max_write`: ones that libfuse can splice, fs/write_requests.py), and changes
+nothing else (tools/pyfuse3_build.py); it installs it with the local version label below. cowfs runs on a stock pyfuse3 as well, only slower; the
 daemon says at mount which one it has.
 """
 from __future__ import annotations
 
 import importlib.metadata
 
-PATCH_LABEL = "cowfs.gil1"  # the local version label (PEP 440) of the patched build
+PATCH_LABEL = "cowfs.gil2"  # the local version label (PEP 440) of the patched build (gil1: without max_write)
 PATCHED_RELEASE = "3.5.0"  # the pyfuse3 release the patch is made for
 
 

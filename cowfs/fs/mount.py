@@ -32,6 +32,7 @@ from ..units import parse_duration
 from .control_server import serve_control
 from .heap import keep_freed_memory
 from .binding import describe as describe_binding
+from .binding import releases_gil
 from .bulk_server import serve_bulk
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
@@ -39,6 +40,7 @@ from .operations import CowfsOperations
 from .namespace_clock import follow_peer_clocks
 from .remote_uploads import upload_in_background
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
+from .write_requests import pipe_can_hold, pipe_limit, spliced_max_write
 
 if TYPE_CHECKING:
     from .union_ops import Peers
@@ -180,20 +182,22 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
         log.warning("read-ahead left at the kernel's default (%s)", e)
 
 
-SPLICE_PIPE = 2 << 20  # the pipe libfuse needs to splice a 1 MiB request and its header
+SPLICE_PIPE = 2 << 20  # the pipe libfuse needs to splice its own largest requests (1 MiB) and their header
 
 
-def _hint_pipe_size() -> None:
-    """libfuse moves WRITE requests by splice only when fs.pipe-max-size allows a 2 MiB
-    pipe (the default is 1 MiB); then the FUSE thread spends about a third less CPU per
-    GiB written (docs/benchmarks.md, issue 15). A system-wide setting: said, not changed."""
-    try:
-        size = int(Path("/proc/sys/fs/pipe-max-size").read_text())
-    except (OSError, ValueError):
-        return
-    if size < SPLICE_PIPE:
-        log.info("fs.pipe-max-size is %d: writes reach cowfs without splice; "
-                 "`sysctl fs.pipe-max-size=%d` makes them cheaper (docs/benchmarks.md)", size, SPLICE_PIPE)
+def _size_write_requests(ops: CowfsOperations) -> None:
+    """Ask for WRITE requests that libfuse can splice (write_requests.py), and say in the log
+    what writes get: spliced requests, or a copy more and what would avoid it."""
+    limit = pipe_limit()
+    max_write = spliced_max_write(limit=limit)
+    if max_write and releases_gil():  # cowfs's build of pyfuse3 passes the size on
+        ops.max_write = max_write
+        log.info("WRITE requests of at most %d KiB, which libfuse receives by splice (fs.pipe-max-size is %s)",
+                 max_write >> 10, limit)
+    elif max_write or not pipe_can_hold(SPLICE_PIPE):
+        log.info("fs.pipe-max-size is %s: writes reach cowfs without splice; `sysctl fs.pipe-max-size=%d`%s "
+                 "makes them cheaper (docs/benchmarks.md)", limit, SPLICE_PIPE,
+                 " or cowfs's build of pyfuse3 (make setup)" if max_write else "")
 
 
 GIL_SWITCH_ENV = "COWFS_GIL_SWITCH_MS"
@@ -257,6 +261,7 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
             ops = CowfsOperations(store)
         if writeback_cache is not None:
             ops.enable_writeback_cache = writeback_cache
+        _size_write_requests(ops)
         store.load_decoders()  # before the mount is live: beside the first reads, the imports would slow them
         options = set(pyfuse3.default_options)
         # libfuse splits options at commas: a comma in the path is escaped with a backslash
@@ -267,7 +272,6 @@ def run_daemon(store_path: Path, mountpoint: Path, *, foreground: bool, allow_ot
         pyfuse3.init(ops, str(mountpoint), options)
         ops.mount_id = mount_id(str(mountpoint))
         log.info("mounted %s on %s (pid %d); %s", store.root, mountpoint, os.getpid(), describe_binding())
-        _hint_pipe_size()
         try:
             trio.run(_serve, ops, mountpoint, auto_snapshot, ready_fd, compact_idle, snapshot_on, peers)
         finally:

@@ -1,5 +1,5 @@
 """The pyfuse3 build (cowfs/fs/binding.py, tools/pyfuse3_build.py): `make setup` installs the
-one built with native/pyfuse3/release-gil.patch, and the builder refuses bad inputs with one
+one built with native/pyfuse3/cowfs.patch, and the builder refuses bad inputs with one
 line, changing nothing."""
 from __future__ import annotations
 
@@ -55,15 +55,24 @@ def test_builder_offline_needs_a_source_release(tmp_path: Path) -> None:
     assert r.stderr.strip() == "pyfuse3_build: --offline needs --sdist"
 
 
-def test_the_patch_only_releases_the_gil() -> None:
-    # the patch adds `with nogil:` around the three copies and changes no other line
-    lines = (REPO / "native" / "pyfuse3" / "release-gil.patch").read_text().splitlines()
+def test_the_patch_releases_the_gil_and_adds_max_write_only() -> None:
+    # `with nogil:` around the three copies, and Operations.max_write passed to libfuse in
+    # fuse_init; no other line changes
+    lines = (REPO / "native" / "pyfuse3" / "cowfs.patch").read_text().splitlines()
     removed = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
     added = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
-    assert sorted(removed) == sorted(a for a in added if a != "with nogil:")
-    assert added.count("with nogil:") == 3
+    max_write = ["max_write: int = 0", "if 0 < operations.max_write < conn.max_write:",
+                 "conn.max_write = operations.max_write"]
+    comments = [a for a in added if a.startswith("#:")]
+    assert sorted(removed) == sorted(a for a in added if a != "with nogil:" and a not in max_write + comments)
+    assert added.count("with nogil:") == 3 and all(added.count(m) == 1 for m in max_write) and len(comments) == 3
     calls = {r.split("=", 1)[1].split("(", 1)[0].strip() for r in removed}
     assert calls == {"fuse_buf_copy", "fuse_session_receive_buf", "fuse_reply_buf"}
+
+
+def test_the_patched_build_has_max_write() -> None:
+    import pyfuse3
+    assert pyfuse3.Operations.max_write == 0  # libfuse's own size unless a file system asks
 
 
 @pytest.mark.mount

@@ -12,7 +12,7 @@ import pytest
 from cowfs.mountinfo import process_alive
 from cowfs.store import Store
 
-from tests.support.mountutil import cowfs, kill9, mounted, read_ahead_kib
+from tests.support.mountutil import cowfs, daemon_pid, kill9, mounted, read_ahead_kib
 from tests.support.storeutil import assert_clean, data, new_store
 
 pytestmark = pytest.mark.mount
@@ -182,16 +182,47 @@ def test_cp_writes_in_the_preferred_io_size_the_mount_reports(store_path, tmp_pa
     assert_clean(store_path)
 
 
-def test_the_mount_suggests_the_pipe_size_that_lets_libfuse_splice(store_path, tmp_path):
-    """libfuse splices requests only into 2 MiB pipes: below that limit the daemon's log
-    says so in one line (it does not change the system-wide setting itself)."""
-    from cowfs.fs.mount import SPLICE_PIPE
+def test_writes_reach_the_daemon_by_splice_under_the_systems_pipe_limit(store_path, tmp_path):
+    """libfuse splices a request only into a pipe that holds the largest one and its header:
+    under a limit too small for libfuse's 1 MiB requests, the mount asks for smaller ones, and
+    the daemon's log says so; the system-wide setting stays as it was."""
+    import signal
+    import threading
+
+    from cowfs.fs.write_requests import HEADER, LIBFUSE_LARGEST, pipe_can_hold, spliced_max_write
 
     limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    max_write = spliced_max_write()
+    trace = tmp_path / "daemon.strace"
     with mounted(store_path, tmp_path / "mnt") as m:
-        (m / "f").write_bytes(b"x")
+        tracer = subprocess.Popen(["strace", "-f", "-e", "trace=splice,read", "-o", str(trace),
+                                   "-p", str(daemon_pid(store_path))], stderr=subprocess.PIPE, text=True)
+        try:
+            attached = threading.Event()  # strace says so on stderr once it traces every thread
+
+            def watch() -> None:
+                for line in tracer.stderr:  # type: ignore[union-attr]
+                    if "attached" in line:
+                        attached.set()
+
+            threading.Thread(target=watch, daemon=True).start()
+            assert attached.wait(60), "strace did not attach to the daemon"
+            (m / "f").write_bytes(data(4 << 20, 3))  # one write(2) of 4 MiB
+        finally:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(timeout=60)
+        assert (m / "f").read_bytes() == data(4 << 20, 3)
+    calls = [ln.split(None, 1)[1] for ln in trace.read_text().splitlines() if "(" in ln and "= " in ln]
+    largest = {name: max((int(c.rsplit("= ", 1)[1].split()[0]) for c in calls if c.startswith(name + "(")), default=0)
+               for name in ("splice", "read")}
     logged = (store_path / "cowfs.log").read_text()
-    assert ("fs.pipe-max-size is" in logged) == (limit < SPLICE_PIPE)
+    if max_write:  # the default limit (1 MiB) and no CAP_SYS_RESOURCE: requests one page short of the pipe
+        assert "WRITE requests of at most %d KiB" % (max_write >> 10) in logged
+        assert LIBFUSE_LARGEST > largest["splice"] > max_write and largest["read"] < LIBFUSE_LARGEST
+    elif pipe_can_hold(LIBFUSE_LARGEST + HEADER):  # libfuse's own 1 MiB requests fit the pipes this daemon may make
+        assert largest["splice"] > LIBFUSE_LARGEST
+    else:  # a limit below 132 KiB: no splice, and the log says what would give it
+        assert "writes reach cowfs without splice" in logged
     assert int(Path("/proc/sys/fs/pipe-max-size").read_text()) == limit
 
 
