@@ -30,15 +30,15 @@ def patched_version() -> str:
     return f"{PATCHED_RELEASE}+{PATCH_LABEL}"
 
 
-def releases_gil(version: str | None = None) -> bool:
-    """Whether this pyfuse3 build is the one made with cowfs's patch."""
+def is_patched(version: str | None = None) -> bool:
+    """Whether this pyfuse3 build is the one made with cowfs's patch (the GIL released, max_write)."""
     v = pyfuse3_version() if version is None else version
     return v.partition("+")[2] == PATCH_LABEL
 
 
 def describe(version: str | None = None) -> str:
     v = pyfuse3_version() if version is None else version
-    if releases_gil(v):
+    if is_patched(v):
         return f"pyfuse3 {v}: copies without the GIL"
     return (f"pyfuse3 {v} (stock): its request loop holds the GIL while it copies every byte; "
             f"`make setup` builds the patched one (tools/pyfuse3_build.py)")

@@ -32,7 +32,7 @@ from ..units import parse_duration
 from .control_server import serve_control
 from .heap import keep_freed_memory
 from .binding import describe as describe_binding
-from .binding import releases_gil
+from .binding import is_patched
 from .bulk_server import serve_bulk
 from .idle_compaction import compact_when_idle
 from .openers import mount_id
@@ -190,7 +190,7 @@ def _size_write_requests(ops: CowfsOperations) -> None:
     what writes get: spliced requests, or a copy more and what would avoid it."""
     limit = pipe_limit()
     max_write = spliced_max_write(limit=limit)
-    if max_write and releases_gil():  # cowfs's build of pyfuse3 passes the size on
+    if max_write and is_patched():  # cowfs's build of pyfuse3 passes the size on
         ops.max_write = max_write
         log.info("WRITE requests of at most %d KiB, which libfuse receives by splice (fs.pipe-max-size is %s)",
                  max_write >> 10, limit)

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from cowfs.fs.binding import PATCH_LABEL, describe, patched_version, pyfuse3_version, releases_gil
+from cowfs.fs.binding import PATCH_LABEL, describe, patched_version, pyfuse3_version, is_patched
 
 REPO = Path(__file__).resolve().parents[2]
 BUILDER = REPO / "tools" / "pyfuse3_build.py"
 
 
 def test_the_label_tells_the_patched_build() -> None:
-    assert releases_gil(f"3.5.0+{PATCH_LABEL}")
+    assert is_patched(f"3.5.0+{PATCH_LABEL}")
     assert patched_version().endswith("+" + PATCH_LABEL)
     for stock in ("3.5.0", "3.5.0+local", "unknown", f"3.5.0+{PATCH_LABEL}x"):
-        assert not releases_gil(stock)
+        assert not is_patched(stock)
         assert "stock" in describe(stock)
     assert "without the GIL" in describe(patched_version())
 
