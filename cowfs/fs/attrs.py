@@ -17,10 +17,12 @@ from .views import SNAPDIR_INO, View, ViewTable
 LIVE_TIMEOUT = 1.0
 SNAPSHOT_TIMEOUT = 300.0
 # st_blksize, the "preferred I/O size": cp, stdio and Python's open() size their buffers by
-# it, and without the writeback cache every write(2) is one FUSE request (and one
-# security.capability probe). 1 MiB, the largest request the kernel sends, as NFS reports
-# its wsize: cp's 128 KiB writes became 1 MiB ones (docs/benchmarks.md, issue 15).
-PREFERRED_IO = 1 << 20
+# it, and without the writeback cache every write(2) is at least one FUSE request (and one
+# security.capability probe). 4 MiB, as Lustre reports a 4 MiB stripe: cp's 128 KiB writes
+# became 1 MiB ones (issue 15), then 4 MiB ones, which the kernel sends as four requests of
+# 1020 KiB and one of 16 KiB where the mount asks for requests that libfuse splices
+# (write_requests.py; a 1 MiB write took two, 1020 KiB and 4 KiB). docs/benchmarks.md.
+PREFERRED_IO = 4 << 20
 
 
 def entry_of(view: View, attr: Attr, shared: SharedSession | None = None) -> pyfuse3.EntryAttributes:

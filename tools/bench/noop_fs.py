@@ -71,7 +71,7 @@ class NoopFs(pyfuse3.Operations):
         e.st_nlink = 2 if ino == ROOT else 1
         e.st_uid, e.st_gid = os.getuid(), os.getgid()
         e.st_size = os.fstat(self.served_fd).st_size if self.served_fd >= 0 and ino == self.served_ino else len(self.data.get(ino, b""))
-        e.st_blksize = 1 << 20  # as cowfs's (fs/attrs.py): cat and cp read and write 1 MiB at a time
+        e.st_blksize = 4 << 20  # as cowfs's (fs/attrs.py): cat and cp read and write 4 MiB at a time
         e.st_blocks = (e.st_size + 511) // 512
         now = time.time_ns()
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now
