@@ -196,7 +196,7 @@ def _size_write_requests(ops: CowfsOperations) -> None:
                  max_write >> 10, limit)
     elif max_write or not pipe_can_hold(SPLICE_PIPE):
         log.info("fs.pipe-max-size is %s: writes reach cowfs without splice; `sysctl fs.pipe-max-size=%d`%s "
-                 "makes them cheaper (docs/benchmarks.md)", limit, SPLICE_PIPE,
+                 "makes them cheaper (docs/benchmarks.md)", "unreadable" if limit is None else limit, SPLICE_PIPE,
                  " or cowfs's build of pyfuse3 (make setup)" if max_write else "")
 
 
