@@ -8,8 +8,9 @@ meanwhile, which bounds one mount at about 1-1.5 GB/s however many cores it has
 from its source release with `native/pyfuse3/cowfs.patch`, which releases the GIL
 around those three calls and lets the file system ask for smaller WRITE requests
 (`Operations.max_write`: ones that libfuse can splice, fs/write_requests.py), and changes
-nothing else (tools/pyfuse3_build.py); it installs it with the local version label below. cowfs runs on a stock pyfuse3 as well, only slower; the
-daemon says at mount which one it has.
+nothing else (tools/pyfuse3_build.py); it installs it with the local version label below.
+cowfs runs on a stock pyfuse3 as well, only slower; the daemon says at mount which one it
+has.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from .operations import CowfsOperations
 from .namespace_clock import follow_peer_clocks
 from .remote_uploads import upload_in_background
 from .snapshot_tasks import QuietMoments, auto_snapshot, checkpoint_snapshots
-from .write_requests import pipe_can_hold, pipe_limit, spliced_max_write
+from .write_requests import LIBFUSE_PIPE, libfuse_splices, pipe_limit, spliced_max_write
 
 if TYPE_CHECKING:
     from .union_ops import Peers
@@ -182,9 +182,6 @@ def set_readahead(mountpoint: Path, kib: int) -> None:
         log.warning("read-ahead left at the kernel's default (%s)", e)
 
 
-SPLICE_PIPE = 2 << 20  # the pipe libfuse needs to splice its own largest requests (1 MiB) and their header
-
-
 def _size_write_requests(ops: CowfsOperations) -> None:
     """Ask for WRITE requests that libfuse can splice (write_requests.py), and say in the log
     what writes get: spliced requests, or a copy more and what would avoid it."""
@@ -194,9 +191,9 @@ def _size_write_requests(ops: CowfsOperations) -> None:
         ops.max_write = max_write
         log.info("WRITE requests of at most %d KiB, which libfuse receives by splice (fs.pipe-max-size is %s)",
                  max_write >> 10, limit)
-    elif max_write or not pipe_can_hold(SPLICE_PIPE):
+    elif max_write or not libfuse_splices():
         log.info("fs.pipe-max-size is %s: writes reach cowfs without splice; `sysctl fs.pipe-max-size=%d`%s "
-                 "makes them cheaper (docs/benchmarks.md)", "unreadable" if limit is None else limit, SPLICE_PIPE,
+                 "makes them cheaper (docs/benchmarks.md)", "unreadable" if limit is None else limit, LIBFUSE_PIPE,
                  " or cowfs's build of pyfuse3 (make setup)" if max_write else "")
 
 

@@ -23,6 +23,7 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 HEADER = 4096  # libfuse's room for a request's header (FUSE_BUFFER_HEADER_SIZE)
 LIBFUSE_LARGEST = 1 << 20  # libfuse 3.14's largest request: 256 pages
+LIBFUSE_PIPE = 2 << 20  # the pipe that takes it and its header (the kernel rounds pipes to powers of two)
 SMALLEST = 128 << 10  # below this, more requests would cost more than the copy saved
 PIPE_LIMIT = Path("/proc/sys/fs/pipe-max-size")
 
@@ -50,12 +51,17 @@ def pipe_limit() -> int | None:
         return None
 
 
+def libfuse_splices(can_hold: Callable[[int], bool] = pipe_can_hold) -> bool:
+    """Whether libfuse can splice its own largest requests here (a pipe of 1 MiB + 4 KiB)."""
+    return can_hold(LIBFUSE_LARGEST + HEADER)
+
+
 def spliced_max_write(can_hold: Callable[[int], bool] = pipe_can_hold, limit: int | None = None) -> int:
     """The max_write to ask of the kernel: 0 (libfuse's own 1 MiB) when libfuse can splice
     requests of that size here; else the largest whole-page size whose request and header
     fit a pipe this process may make (`limit`: fs.pipe-max-size, read when None); 0 when
     that is below SMALLEST, or when no such pipe can be made."""
-    if can_hold(LIBFUSE_LARGEST + HEADER):
+    if libfuse_splices(can_hold):
         return 0
     if limit is None:
         limit = pipe_limit()

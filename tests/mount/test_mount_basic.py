@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -189,7 +190,7 @@ def test_writes_reach_the_daemon_by_splice_under_the_systems_pipe_limit(store_pa
     import signal
     import threading
 
-    from cowfs.fs.write_requests import HEADER, LIBFUSE_LARGEST, pipe_can_hold, spliced_max_write
+    from cowfs.fs.write_requests import LIBFUSE_LARGEST, libfuse_splices, spliced_max_write
 
     limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
     max_write = spliced_max_write()
@@ -212,14 +213,19 @@ def test_writes_reach_the_daemon_by_splice_under_the_systems_pipe_limit(store_pa
             tracer.send_signal(signal.SIGINT)
             tracer.wait(timeout=60)
         assert (m / "f").read_bytes() == data(4 << 20, 3)
-    calls = [ln.split(None, 1)[1] for ln in trace.read_text().splitlines() if "(" in ln and "= " in ln]
-    largest = {name: max((int(c.rsplit("= ", 1)[1].split()[0]) for c in calls if c.startswith(name + "(")), default=0)
-               for name in ("splice", "read")}
+    largest = {"splice": 0, "read": 0}
+    for line in trace.read_text().splitlines():  # "PID splice(...) = N", or, where strace split
+        call = line.split(None, 1)[1] if " " in line else ""  # a call between threads, its
+        if call.startswith("<... "):  # second half "PID <... splice resumed>...) = N"
+            call = call[5:]
+        name = re.match(r"\w+", call)
+        if name and name[0] in largest and (ret := re.findall(r"\) += (\d+)", call)):
+            largest[name[0]] = max(largest[name[0]], int(ret[-1]))  # the last: the bytes it read may hold ") = "
     logged = (store_path / "cowfs.log").read_text()
     if max_write:  # the default limit (1 MiB) and no CAP_SYS_RESOURCE: requests one page short of the pipe
         assert "WRITE requests of at most %d KiB" % (max_write >> 10) in logged
         assert LIBFUSE_LARGEST > largest["splice"] > max_write and largest["read"] < LIBFUSE_LARGEST
-    elif pipe_can_hold(LIBFUSE_LARGEST + HEADER):  # libfuse's own 1 MiB requests fit the pipes this daemon may make
+    elif libfuse_splices():  # libfuse's own 1 MiB requests fit the pipes this daemon may make
         assert largest["splice"] > LIBFUSE_LARGEST
     else:  # a limit below 132 KiB: no splice, and the log says what would give it
         assert "writes reach cowfs without splice" in logged
