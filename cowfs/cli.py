@@ -14,7 +14,6 @@ from .cli_history import add_commands
 from .cli_remote import add_commands as add_remote_commands
 from .control import Target, store_of
 from .errors import CorruptCatalog, CowfsError, InvalidArgument, StoreError
-from .store import Store
 from .store.log.layout import CONFIG_FILE, DEFAULT_DEVICE, DEFAULT_SEGMENT_SIZE, DEVICES, MAX_CHAIN, read_config, set_read_chain
 from .units import human_bytes, parse_size
 
@@ -23,6 +22,8 @@ EPILOG_INIT = "example: cowfs init /nvme/ckpt-store --segment-size 256M"
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from .store import Store  # noqa: PLC0415 - the engine: not imported by commands that go to a daemon
+
     size = parse_size(args.segment_size) if args.segment_size else DEFAULT_SEGMENT_SIZE
     cfg = Store.init(args.store, device=args.device, segment_size=size, read_chain=args.read_chain)
     print(f"initialised cowfs store {args.store} (device {cfg.device}, segments of {human_bytes(cfg.segment_size)}, "
@@ -272,7 +273,7 @@ def _mount_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from .fs.mount import umount
+    from .unmount import umount
 
     return umount(args.mountpoint)
 

@@ -10,25 +10,34 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import service, service_remote
+from typing import TYPE_CHECKING
+
 from .errors import CowfsError, StoreError
 from .mountinfo import mounted_cowfs
 from .protocol import SOCKET_NAME, decode, encode, short_path
-from .store import Store
 from .store.log.layout import CONFIG_FILE, LOCK_FILE
+
+if TYPE_CHECKING:
+    from .store import Store
 
 Progress = Callable[[int, int], None]
 
 
 class DirectTarget:
-    """An unmounted store, opened by this process."""
+    """An unmounted store, opened by this process. The engine is imported here, not with this
+    module: a command that goes to a daemon (DaemonTarget) starts without it."""
 
     mounted = False
 
     def __init__(self, store_path: Path) -> None:
-        self.store = Store.open(store_path, pack_reader=service_remote.pack_reader)
+        from . import service_remote  # noqa: PLC0415 - the engine, only for an unmounted store
+        from .store import Store  # noqa: PLC0415
+
+        self.store: Store = Store.open(store_path, pack_reader=service_remote.pack_reader)
 
     def call(self, op: str, progress: Progress | None = None, **args: Any) -> Any:
+        from . import service  # noqa: PLC0415
+
         if progress is not None and op in service.WITH_PROGRESS:
             args["progress"] = progress
         return service.OPS[op](self.store, **args)

@@ -94,3 +94,9 @@ class RemoteError(CowfsError):
     missing bucket, or an object that is missing or damaged. One line, never a secret."""
 
     errno = _errno.EIO
+
+
+class MountError(CowfsError):
+    """A mount or unmount that cannot be done as asked."""
+
+    errno = _errno.EINVAL

@@ -10,13 +10,11 @@ asks it to stop, and waits for it to exit.
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -24,8 +22,8 @@ import pyfuse3
 import trio
 
 from .. import service_remote
-from ..errors import Busy, CowfsError, StoreError
-from ..mountinfo import FSNAME_PREFIX, daemon_pid, lazy_unmount, mount_fields, mounted_cowfs, process_alive
+from ..errors import Busy, MountError, StoreError
+from ..mountinfo import FSNAME_PREFIX, mount_fields, mounted_cowfs
 from ..store import Store
 from ..store.log.layout import LOCK_FILE, read_config
 from ..units import parse_duration
@@ -51,10 +49,6 @@ DEFAULT_COMPACT_IDLE = "30s"  # compact once no file has been open for writing t
 READ_AHEAD_KIB = 4096  # the kernel's FUSE default is 128 KiB; measured in docs/benchmarks.md
 MAX_WORKERS = 1024  # cowfs mount --workers at most
 SNAPSHOT_ON_CHECKPOINT = "checkpoint"  # cowfs mount --snapshot-on: the events that take a snapshot
-
-
-class MountError(CowfsError):
-    errno = errno.EINVAL
 
 
 def check_mount_inputs(store: Path, mountpoint: Path) -> None:
@@ -352,30 +346,4 @@ def start_daemon(run: Callable[[int | None], object], foreground: bool, what: st
     raise MountError(text[4:] if text.startswith("ERR ") else f"the daemon exited before the mount was live ({text or 'no message'})")
 
 
-def umount(mountpoint: str, timeout: float = 120.0) -> int:
-    mnt = str(Path(mountpoint).absolute())
-    mounts = mounted_cowfs()
-    if mnt not in mounts:
-        if not Path(mnt).exists():
-            raise MountError(f"{mnt}: no such directory")
-        raise MountError(f"{mnt}: no cowfs filesystem is mounted there")
-    store = Path(mounts[mnt])
-    pid = daemon_pid(store)
-    if pid is None or not process_alive(pid):
-        # the daemon is gone (killed): only the kernel's mount is left
-        lazy_unmount(mnt)
-        print(f"unmounted {mnt} (its daemon was not running)")
-        return 0
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while process_alive(pid):
-        if time.monotonic() > deadline:
-            raise MountError(f"{mnt}: the daemon (pid {pid}) did not exit within {timeout:.0f}s")
-        time.sleep(0.05)
-    if mnt in mounted_cowfs():
-        lazy_unmount(mnt)
-    print(f"unmounted {mnt}")
-    return 0
-
-
-__all__ = ["mount", "umount", "run_daemon", "StoreError"]
+__all__ = ["mount", "run_daemon", "StoreError"]
