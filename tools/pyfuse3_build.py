@@ -9,7 +9,7 @@ Run by `make setup` with the venv's python, which it installs into. Steps:
    so that the build has to run Cython over the patched .pyx (a build that fell back to the
    shipped C would silently be the stock one);
 3. the patch applied with patch(1), which must apply cleanly;
-4. `pip install --no-deps` with the version `3.5.0+cowfs.gil2` (cowfs.fs.binding); with
+4. `pip install --no-deps` with the version `3.5.0+cowfs.gil3` (cowfs.fs.binding); with
    --offline, without build isolation (Cython, setuptools and setuptools_scm must then be
    installed already, nothing is fetched);
 5. checked: the interpreter imports pyfuse3 with that version.
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BuildError, OSError, tarfile.TarError) as e:
         print(f"pyfuse3_build: {e}", file=sys.stderr)
         return 1
-    print(f"pyfuse3 {want} installed (GIL released around its copies; max_write settable)")
+    print(f"pyfuse3 {want} installed (GIL released around its copies; max_write settable; queued requests taken without a wait)")
     return 0
 
 

@@ -6,17 +6,21 @@ and a READ's reply into it (`fuse_reply_buf`). Every other thread of the daemon 
 meanwhile, which bounds one mount at about 1-1.5 GB/s however many cores it has
 (docs/benchmarks.md, "The GIL bounds one mount"). `make setup` therefore builds pyfuse3
 from its source release with `native/pyfuse3/cowfs.patch`, which releases the GIL
-around those three calls and lets the file system ask for smaller WRITE requests
-(`Operations.max_write`: ones that libfuse can splice, fs/write_requests.py), and changes
-nothing else (tools/pyfuse3_build.py); it installs it with the local version label below.
-cowfs runs on a stock pyfuse3 as well, only slower; the daemon says at mount which one it
-has.
+around those three calls, lets the file system ask for smaller WRITE requests
+(`Operations.max_write`: ones that libfuse can splice, fs/write_requests.py), and takes a
+request that is already queued without first waiting for the fd to become readable (a trio
+lock and an epoll round trip per request: 15-20% of the FUSE thread's CPU per small file),
+and changes nothing else (tools/pyfuse3_build.py); it installs it with the local version
+label below. cowfs runs on a stock pyfuse3 as well, only slower; the daemon says at mount
+which one it has.
 """
 from __future__ import annotations
 
 import importlib.metadata
 
-PATCH_LABEL = "cowfs.gil2"  # the local version label (PEP 440) of the patched build (gil1: without max_write)
+# the local version label (PEP 440) of the patched build; gil1 had no max_write, gil2 waited
+# on the fd before every request
+PATCH_LABEL = "cowfs.gil3"
 PATCHED_RELEASE = "3.5.0"  # the pyfuse3 release the patch is made for
 
 

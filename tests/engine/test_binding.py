@@ -55,19 +55,34 @@ def test_builder_offline_needs_a_source_release(tmp_path: Path) -> None:
     assert r.stderr.strip() == "pyfuse3_build: --offline needs --sdist"
 
 
-def test_the_patch_releases_the_gil_and_adds_max_write_only() -> None:
-    # `with nogil:` around the three copies, and Operations.max_write passed to libfuse in
-    # fuse_init; no other line changes
+def test_the_patch_changes_only_the_copies_max_write_and_the_wait() -> None:
+    # `with nogil:` around the three copies; Operations.max_write passed to libfuse in
+    # fuse_init; the session loop takes a queued request at once, from a non-blocking fd, waits
+    # for the fd only on EAGAIN, and starts no task while one is yet to run; no other line changes
     lines = (REPO / "native" / "pyfuse3" / "cowfs.patch").read_text().splitlines()
     removed = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
     added = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    added = [a.split("  #")[0] for a in added if a and not a.startswith("#")]  # without comments
     max_write = ["max_write: int = 0", "if 0 < operations.max_write < conn.max_write:",
                  "conn.max_write = operations.max_write"]
-    comments = [a for a in added if a.startswith("#:")]
-    assert sorted(removed) == sorted(a for a in added if a != "with nogil:" and a not in max_write + comments)
-    assert added.count("with nogil:") == 3 and all(added.count(m) == 1 for m in max_write) and len(comments) == 3
-    calls = {r.split("=", 1)[1].split("(", 1)[0].strip() for r in removed}
-    assert calls == {"fuse_buf_copy", "fuse_session_receive_buf", "fuse_reply_buf"}
+    receive_first = ["os.set_blocking(session_fd, False)", "cdef int requests_per_yield = 8",
+                     "cdef int unyielded = 0", "if res == -errno.EAGAIN:", "unyielded = 0",
+                     "if not await _wait_fuse_readable():", "break", "continue", "unyielded += 1",
+                     "if unyielded >= requests_per_yield:", "unyielded = 0",
+                     "await trio.lowlevel.checkpoint()",
+                     # a task that has not run yet counts as one that will wait: no new one for it
+                     "cdef int starting", "self.starting = 0", "if worker_data.starting:",
+                     "worker_data.starting -= 1", "if (not worker_data.active_readers and not worker_data.starting",
+                     "and worker_data.task_count < max_tasks):", "worker_data.starting += 1"]
+    copies = [r for r in removed if "(" in r and "=" in r]
+    assert {r.split("=", 1)[1].split("(", 1)[0].strip() for r in copies} == {
+        "fuse_buf_copy", "fuse_session_receive_buf", "fuse_reply_buf"}
+    assert sorted(removed) == sorted(copies + ["if not await _wait_fuse_readable():", "break", "",
+                                               "if not worker_data.active_readers and worker_data.task_count < max_tasks:"])
+    rest = list(added)
+    for line in copies + ["with nogil:"] * 3 + max_write + receive_first:
+        rest.remove(line)  # raises if the patch lacks it
+    assert rest == []
 
 
 def test_the_patched_build_has_max_write() -> None:
