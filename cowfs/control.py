@@ -8,9 +8,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .errors import CowfsError, StoreError
 from .mountinfo import mounted_cowfs

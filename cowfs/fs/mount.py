@@ -1,11 +1,12 @@
-"""`cowfs mount` and `cowfs umount`: the daemon's life.
+"""`cowfs mount`: the daemon's life.
 
 mount checks its inputs, forks (unless --foreground), and returns only once the
 daemon reports that the filesystem is live, or with the daemon's one-line
 error. The daemon owns the store (its flock), logs to STORE/cowfs.log, and on
 SIGTERM, SIGINT or an unmount commits what is open, unmounts and exits.
-umount finds the daemon through the mount table and the store's lock file,
-asks it to stop, and waits for it to exit.
+`cowfs umount` (cowfs/unmount.py, which imports neither FUSE nor the engine) finds
+the daemon through the mount table and the store's lock file, asks it to stop,
+and waits for it to exit.
 """
 from __future__ import annotations
 
