@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 
 class CliError(RuntimeError):
@@ -25,11 +26,13 @@ class CliError(RuntimeError):
 
 
 def run_cowfs(*args: str, check: bool = True, timeout: float = 300, text: bool = True,
-              code: Path | None = None) -> subprocess.CompletedProcess:
+              code: Path | None = None, before: Sequence[Path] = ()) -> subprocess.CompletedProcess:
     """Run `python -m cowfs.cli ARGS` with no stdin, output captured; CliError on a non-zero exit
     when `check` is set. `code`: the source tree to run cowfs from (an A/B against another
-    commit's worktree; its daemons inherit it), else the one this process imports."""
-    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
+    commit's worktree; its daemons inherit it), else the one this process imports; `before`:
+    directories put before it on PYTHONPATH (another build of a dependency, installed there
+    with `pip install --target`)."""
+    env = None if code is None else {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*before, code]))}
     r = subprocess.run([sys.executable, "-m", "cowfs.cli", *args], capture_output=True, text=text,
                        timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=code)
     if check and r.returncode != 0:
