@@ -3,13 +3,15 @@ tests/mount/test_session_loop.py.
 
     python -m tests.support.gate_fs MOUNTPOINT
 
-The root holds directories d0..d8. A client process (this module run with --client) looks
+The root holds directories d0..d16. A client process (this module run with --client) looks
 up `gate` in d0: the handler holds the trio thread. Once it does, the client looks up `x`
-in d1..d8 from 8 threads (one per directory: the kernel serialises the lookups of one
+in d1..d16 from 16 threads (one per directory: the kernel serialises the lookups of one
 directory), and those requests queue in the kernel; /proc/<tid>/wchan shows each client
-thread waiting for its answer. Then the gate opens, and this script prints as JSON how many
-requests were queued behind it and how often the session loop waited for the FUSE fd to
-become readable while it served them (pyfuse3's `trio.lowlevel.wait_readable`, counted).
+thread waiting for its answer. Then the gate opens, and a task that counts its turns starts.
+The script prints as JSON how many requests were queued behind the gate, how often the
+session loop waited for the FUSE fd to become readable while it served them (pyfuse3's
+`trio.lowlevel.wait_readable`, counted), and how many turns the other task had between the
+first and the last of them (none if the loop never let it run while requests were queued).
 
 The client is a process of its own: a thread waiting in the kernel for an answer from its
 own process's FUSE connection cannot be killed, so a server killed midway would hang.
@@ -30,7 +32,7 @@ import time
 import pyfuse3
 import trio
 
-QUEUED = 8  # requests behind the gate
+QUEUED = 16  # requests behind the gate
 DIRS = QUEUED + 1
 TIMEOUT = 30.0
 WAITING = "request_wait_answer"  # the kernel function a thread sleeps in until the daemon answers
@@ -46,6 +48,16 @@ async def counting_wait_readable(fd: int) -> None:
 
 gate_reached = threading.Event()
 gate = threading.Event()
+turns = 0  # of the task that runs beside the loop once the gate opens
+turns_seen: list[int] = []  # `turns` when each queued LOOKUP was served
+all_served = False
+
+
+async def count_turns() -> None:
+    global turns
+    while not all_served:
+        turns += 1
+        await trio.lowlevel.checkpoint()
 
 
 class GateFs(pyfuse3.Operations):
@@ -62,9 +74,14 @@ class GateFs(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         if parent_inode == pyfuse3.ROOT_INODE and name.startswith(b"d") and name[1:].isdigit():
             return self._entry(pyfuse3.ROOT_INODE + 1 + int(name[1:]))
+        global all_served
         if name == b"gate":
             gate_reached.set()
             gate.wait(TIMEOUT)  # holds the trio thread: requests sent meanwhile queue in the kernel
+            trio.lowlevel.spawn_system_task(count_turns)
+        else:
+            turns_seen.append(turns)
+            all_served = len(turns_seen) == QUEUED
         raise pyfuse3.FUSEError(errno.ENOENT)
 
 
@@ -125,7 +142,8 @@ def serve(mountpoint: str) -> int:
         if lookups.wait(TIMEOUT) != 0:
             print("gate_fs: the client failed", file=sys.stderr)
             return 3
-        print(json.dumps({"queued": QUEUED, "waits": len(waits) - before}))
+        print(json.dumps({"queued": QUEUED, "waits": len(waits) - before,
+                          "turns_between": turns_seen[-1] - turns_seen[0]}))
         return 0
     finally:
         gate.set()

@@ -100,7 +100,7 @@ def _safe_open_all(path: Path) -> None:
             f.get_tensor(k)
 
 
-def _small_files(d: Path, n: int, writers: int, prefix: str = "f") -> None:
+def small_files(d: Path, n: int, writers: int, prefix: str = "f") -> None:
     """n files of 4 KiB, by `writers` threads at once (as DCP's ranks or a data loader's
     workers write them), each file created, written and closed; named PREFIX + number."""
     d.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def run_datapath(work: Path, size: int, small: int, reps: int, log: Log, writeba
                     timed(name, on_cowfs, fn, size if name == "read-cat" else nbytes)
             for on_cowfs, d in sides:
                 sub = d / f"small-{rep}"
-                timed("small-files", on_cowfs, lambda: _small_files(sub, small, SMALL_WRITERS), small * SMALL_FILE)
+                timed("small-files", on_cowfs, lambda: small_files(sub, small, SMALL_WRITERS), small * SMALL_FILE)
                 shutil.rmtree(sub)
             log(f"  datapath pair {rep + 1}/{reps}: " + ", ".join(
                 f"{name} {p.cowfs[-1] / p.disk[-1]:.2f}x" for name, p in res.items() if p.cowfs and p.disk))

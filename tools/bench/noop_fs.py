@@ -187,13 +187,13 @@ def small_files_rate(n: int, writers: int, rounds: int) -> list[tuple[float, flo
     """Mount the no-op file system in a child process, time `rounds` runs of `n` small
     files by `writers` threads (tools.bench.datapath's workload), print and return files/s
     and the daemon's CPU ms per file of each round, unmount."""
-    from .datapath import _small_files
+    from .datapath import small_files
 
     rates: list[tuple[float, float]] = []
     with _mounted() as (mnt, pid):
         for k in range(rounds):
             c0, t0 = cpu_seconds(pid), time.perf_counter()
-            _small_files(mnt, n, writers, prefix=f"r{k}f")  # names of its own per round: one flat directory
+            small_files(mnt, n, writers, prefix=f"r{k}f")  # names of its own per round: one flat directory
             dt, c1 = time.perf_counter() - t0, cpu_seconds(pid)
             rates.append((n / dt, 1e3 * (c1 - c0) / n))
             print(f"no-op pyfuse3: {rates[-1][0]:.0f} files/s, daemon {rates[-1][1]:.3f} ms CPU per file")

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.harnessutil import run_cowfs
@@ -35,8 +34,6 @@ from .docs import REPO
 from .mounting import cpu_seconds, thread_cpu_seconds, unmount
 
 WORKLOADS = ("dd", "cp", "torch.save", "small files")
-SMALL_FILE = 4096
-SMALL_FILE_THREADS = 8
 TORCH_SAVE = """import os, sys, torch
 torch.manual_seed(int(sys.argv[3]))
 n = max(1, round(float(sys.argv[2]) * 16))  # tensors of 64 MiB
@@ -48,26 +45,12 @@ with open(sys.argv[1], "wb") as f:
 """
 
 
-def small_files(into: Path, files: int) -> None:
-    into.mkdir()
-    payload = os.urandom(SMALL_FILE)
-
-    def some(first: int) -> None:
-        for i in range(first, files, SMALL_FILE_THREADS):
-            fd = os.open(into / f"f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, payload)
-            finally:
-                os.close(fd)
-
-    with ThreadPoolExecutor(SMALL_FILE_THREADS) as pool:
-        list(pool.map(some, range(SMALL_FILE_THREADS)))
-
-
 def write(workload: str, src: Path, dest: Path, gib: float, rep: int, files: int) -> int:
     """Write `dest` in the mount as `workload` does; the bytes written (files for small files)."""
     if workload == "small files":
-        small_files(dest, files)
+        from .datapath import SMALL_WRITERS, small_files  # noqa: PLC0415 - datapath imports torch; this tool runs it in subprocesses
+
+        small_files(dest, files, SMALL_WRITERS)
         return files
     if workload == "dd":
         subprocess.run(["dd", f"if={src}", f"of={dest}", "bs=4M", "conv=fsync", "status=none"], check=True)
