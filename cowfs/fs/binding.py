@@ -9,7 +9,7 @@ from its source release with `native/pyfuse3/cowfs.patch`, which releases the GI
 around those three calls, lets the file system ask for smaller WRITE requests
 (`Operations.max_write`: ones that libfuse can splice, fs/write_requests.py), and takes a
 request that is already queued without first waiting for the fd to become readable (a trio
-lock and an epoll round trip per request: 15-20% of the FUSE thread's CPU per small file),
+lock and an epoll round trip per request: a quarter of the FUSE thread's CPU per small file),
 and changes nothing else (tools/pyfuse3_build.py); it installs it with the local version
 label below. cowfs runs on a stock pyfuse3 as well, only slower; the daemon says at mount
 which one it has.

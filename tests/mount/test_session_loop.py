@@ -1,6 +1,6 @@
 """pyfuse3's session loop as cowfs's build patches it (native/pyfuse3/cowfs.patch): a request
 already queued is taken at once, without a wait for the FUSE fd first (a trio lock and an
-epoll round trip, 15-20% of the FUSE thread's CPU per small file)."""
+epoll round trip, a quarter of the FUSE thread's CPU per small file)."""
 from __future__ import annotations
 
 import json
